@@ -1,0 +1,74 @@
+// Per-block pieces shared by the GPU kernels and the CPU driver: segment
+// layout constants, decode error bits, and the look-back status encoding.
+#pragma once
+#include <stdint.h>
+
+#include "dtype_traits.h"
+#include "rans.h"
+
+namespace pz {
+
+// Decode error bits, OR-ed into one word; kernels/ maps them to messages.
+enum DecodeError : uint32_t {
+  kErrOffsets = 1u << 0,  // block offset table out of order or out of bounds
+  kErrTable = 1u << 1,    // malformed frequency table
+  kErrSegment = 1u << 2,  // segment too short for its mode / unknown mode
+  kErrStream = 1u << 3,   // rANS states or words inconsistent (corrupted data)
+};
+
+// Where block b's segment lies, from the offset table; returns false (and
+// leaves *begin/*end unspecified) when the table is inconsistent.
+PZ_HOST_DEVICE inline bool segment_bounds(const uint8_t* stream, const fmt::Header& h, const fmt::Layout& l,
+                                          uint64_t b, uint64_t* begin, uint64_t* end) {
+  const uint8_t* offs = stream + l.offsets_begin;
+  const uint64_t coded_len = h.total_bytes - l.coded_begin;
+  *begin = b == 0 ? 0 : fmt::get_u64(offs + 8 * (b - 1));
+  *end = fmt::get_u64(offs + 8 * b);
+  const uint64_t n = fmt::block_symbols(h, l, b);
+  if (*begin > *end || *end > coded_len || *begin % fmt::kAlign != 0) return false;
+  if (*end - *begin > fmt::max_segment_bytes(n) || *end - *begin < fmt::kAlign) return false;
+  if (b + 1 == l.nblocks && *end != coded_len) return false;
+  return true;
+}
+
+// Reads the raw bits of symbol i from the raw planes.
+PZ_HOST_DEVICE PZ_FORCE_INLINE uint16_t raw16_at(const uint8_t* stream, const fmt::Layout& l, bool plane16, uint64_t i) {
+  if (!plane16) return 0;
+  const uint8_t* p = stream + l.plane16_begin + 2 * i;
+  return static_cast<uint16_t>(p[0] | (p[1] << 8));
+}
+
+PZ_HOST_DEVICE PZ_FORCE_INLINE void write_raw(uint8_t* stream, const fmt::Layout& l, bool plane16, uint64_t i, const Split& sp) {
+  stream[l.raw_begin + i] = sp.raw8;
+  if (plane16) {
+    uint8_t* p = stream + l.plane16_begin + 2 * i;
+    p[0] = static_cast<uint8_t>(sp.raw16);
+    p[1] = static_cast<uint8_t>(sp.raw16 >> 8);
+  }
+}
+
+PZ_HOST_DEVICE PZ_FORCE_INLINE uint32_t get_u32(const uint8_t* p) {
+  return p[0] | (uint32_t(p[1]) << 8) | (uint32_t(p[2]) << 16) | (uint32_t(p[3]) << 24);
+}
+PZ_HOST_DEVICE PZ_FORCE_INLINE void put_u32(uint8_t* p, uint32_t v) {
+  p[0] = uint8_t(v);
+  p[1] = uint8_t(v >> 8);
+  p[2] = uint8_t(v >> 16);
+  p[3] = uint8_t(v >> 24);
+}
+
+// Freq in the low 16 bits, cumulative freq in the high 16.
+PZ_HOST_DEVICE inline void build_encsym(const uint16_t* freq, uint32_t* encsym) {
+  uint32_t cum = 0;
+  for (int s = 0; s < fmt::kNumSymbols; ++s) {
+    encsym[s] = freq[s] | (cum << 16);
+    cum += freq[s];
+  }
+}
+
+// Look-back status words: 2 flag bits + 62-bit byte count.
+constexpr uint64_t kStatusAggregate = 1ull << 62;
+constexpr uint64_t kStatusPrefix = 2ull << 62;
+constexpr uint64_t kStatusValue = (1ull << 62) - 1;
+
+}  // namespace pz

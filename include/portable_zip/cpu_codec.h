@@ -1,0 +1,230 @@
+// CPU driver: the per-block code of the GPU kernels, with the 32 lanes of a
+// group walked in order (which is exactly the ballot-prefix order the GPU
+// uses), spread over threads. It is the cross-check for the GPU and the
+// codec for CPU ranks.
+#pragma once
+#include <stdint.h>
+#include <string.h>
+
+#include <algorithm>
+#include <atomic>
+#include <thread>
+#include <vector>
+
+#include "block.h"
+
+namespace pz::cpu {
+
+using fmt::kLanes;
+
+// Encodes block b into seg (capacity max_segment_bytes); returns its padded size.
+// Also writes the block's raw bits into the stream's raw planes.
+template <fmt::DType D>
+uint64_t encode_block(const uint8_t* in, const fmt::Header& h, const fmt::Layout& l, uint64_t b,
+                      uint8_t* stream, uint8_t* seg, uint8_t* syms) {
+  using T = FloatTraits<D>;
+  const bool plane16 = fmt::has_plane16(D);
+  const uint64_t first = b << h.block_log2;
+  const uint32_t n = fmt::block_symbols(h, l, b);
+  uint32_t hist[fmt::kNumSymbols] = {};
+  for (uint32_t i = 0; i < n; ++i) {
+    const Split sp = T::split(in, first + i, h.numel);
+    syms[i] = sp.sym;
+    ++hist[sp.sym];
+    write_raw(stream, l, plane16, first + i, sp);
+  }
+  uint16_t freq[fmt::kNumSymbols];
+  rans::quantize(hist, n, freq);
+  const uint64_t limit = 1ull + n;
+  const int table_bytes = rans::write_table(freq, seg + 1);
+  const uint32_t prefix = rans::rans_prefix_bytes(table_bytes);
+  bool stored = prefix >= limit;
+  uint32_t encsym[fmt::kNumSymbols];
+  build_encsym(freq, encsym);
+  uint32_t x[kLanes];
+  for (int k = 0; k < kLanes; ++k) x[k] = fmt::kStateLow;
+  uint64_t words = 0;
+  const uint32_t steps = (n + kLanes - 1) / kLanes;
+  for (uint32_t s = 0; s < steps && !stored; ++s) {
+    const uint32_t base = s * kLanes;
+    const int active = static_cast<int>(std::min<uint32_t>(kLanes, n - base));
+    int count = 0;
+    for (int k = 0; k < active; ++k) count += rans::enc_renorm_needed(x[k], encsym[syms[base + k]] & 0xffff);
+    if (prefix + 2 * (words + count) >= limit) {
+      stored = true;
+      break;
+    }
+    for (int k = 0; k < active; ++k) {
+      const uint32_t es = encsym[syms[base + k]];
+      if (rans::enc_renorm_needed(x[k], es & 0xffff)) {
+        seg[prefix + 2 * words] = static_cast<uint8_t>(x[k]);
+        seg[prefix + 2 * words + 1] = static_cast<uint8_t>(x[k] >> 8);
+        ++words;
+        x[k] >>= 16;
+      }
+      x[k] = rans::enc_put(x[k], es & 0xffff, es >> 16);
+    }
+  }
+  uint64_t used;
+  if (stored) {
+    seg[0] = fmt::kModeStored;
+    memcpy(seg + 1, syms, n);
+    used = 1ull + n;
+  } else {
+    seg[0] = fmt::kModeRans;
+    const uint32_t wpos = static_cast<uint32_t>(fmt::align_up(1 + table_bytes, 4));
+    memset(seg + 1 + table_bytes, 0, wpos - 1 - table_bytes);
+    put_u32(seg + wpos, static_cast<uint32_t>(words));
+    for (int k = 0; k < kLanes; ++k) put_u32(seg + wpos + 4 + 4 * k, x[k]);
+    used = prefix + 2 * words;
+  }
+  const uint64_t padded = fmt::align_up(used, fmt::kAlign);
+  memset(seg + used, 0, padded - used);
+  return padded;
+}
+
+// Decodes block b. Returns DecodeError bits (0 = ok). Never touches memory
+// outside the validated stream or the numel-element output.
+template <fmt::DType D>
+uint32_t decode_block(const uint8_t* stream, const fmt::Header& h, const fmt::Layout& l, uint64_t b, uint8_t* out) {
+  using T = FloatTraits<D>;
+  const bool plane16 = fmt::has_plane16(D);
+  uint64_t sb, se;
+  if (!segment_bounds(stream, h, l, b, &sb, &se)) return kErrOffsets;
+  const uint8_t* seg = stream + l.coded_begin + sb;
+  const uint64_t seglen = se - sb;
+  const uint64_t first = b << h.block_log2;
+  const uint32_t n = fmt::block_symbols(h, l, b);
+  auto emit = [&](uint64_t i, uint8_t sym) {
+    T::join(out, first + i, h.numel, sym, stream[l.raw_begin + first + i], raw16_at(stream, l, plane16, first + i));
+  };
+  if (seg[0] == fmt::kModeStored) {
+    if (seglen < 1ull + n) return kErrSegment;
+    for (uint32_t i = 0; i < n; ++i) emit(i, seg[1 + i]);
+    return 0;
+  }
+  if (seg[0] != fmt::kModeRans) return kErrSegment;
+  uint16_t freq[fmt::kNumSymbols];
+  const int table_bytes = rans::parse_table(seg + 1, seg + seglen, freq);
+  if (table_bytes < 0) return kErrTable;
+  uint32_t encsym[fmt::kNumSymbols];
+  build_encsym(freq, encsym);
+  uint8_t lookup[fmt::kProbScale];
+  for (int s = 0; s < fmt::kNumSymbols; ++s) memset(lookup + (encsym[s] >> 16), s, freq[s]);
+  const uint64_t wpos = fmt::align_up(1 + table_bytes, 4);
+  const uint64_t prefix = rans::rans_prefix_bytes(table_bytes);
+  if (prefix > seglen) return kErrSegment;
+  const uint64_t words = get_u32(seg + wpos);
+  if (prefix + 2 * words > seglen) return kErrSegment;
+  const uint8_t* wp = seg + prefix;
+  uint32_t x[kLanes];
+  for (int k = 0; k < kLanes; ++k) {
+    x[k] = get_u32(seg + wpos + 4 + 4 * k);
+    if (x[k] < fmt::kStateLow) return kErrStream;
+  }
+  uint64_t rp = words;
+  const uint32_t steps = (n + kLanes - 1) / kLanes;
+  for (uint32_t s = steps; s-- > 0;) {
+    const uint32_t base = s * kLanes;
+    const int active = static_cast<int>(std::min<uint32_t>(kLanes, n - base));
+    int count = 0;
+    for (int k = 0; k < active; ++k) {
+      const uint8_t sym = lookup[x[k] & (fmt::kProbScale - 1)];
+      const uint32_t es = encsym[sym];
+      x[k] = rans::dec_step(x[k], es & 0xffff, es >> 16);
+      emit(base + k, sym);
+      count += x[k] < fmt::kStateLow;
+    }
+    if (static_cast<uint64_t>(count) > rp) return kErrStream;
+    uint64_t r = rp - count;
+    for (int k = 0; k < active; ++k)
+      if (x[k] < fmt::kStateLow) {
+        x[k] = (x[k] << 16) | wp[2 * r] | (uint32_t(wp[2 * r + 1]) << 8);
+        ++r;
+      }
+    rp -= count;
+  }
+  if (rp != 0) return kErrStream;
+  for (int k = 0; k < kLanes; ++k)
+    if (x[k] != fmt::kStateLow) return kErrStream;
+  return 0;
+}
+
+template <class F>
+void parallel_for(uint64_t count, int threads, F&& f) {
+  threads = static_cast<int>(std::max<uint64_t>(1, std::min<uint64_t>(count, static_cast<uint64_t>(std::max(1, threads)))));
+  if (threads == 1) {
+    f(0, 0, count);
+    return;
+  }
+  std::vector<std::thread> pool;
+  const uint64_t chunk = (count + threads - 1) / threads;
+  for (int t = 0; t < threads; ++t) {
+    const uint64_t lo = std::min(count, t * chunk), hi = std::min(count, lo + chunk);
+    pool.emplace_back([&, t, lo, hi] { f(t, lo, hi); });
+  }
+  for (auto& th : pool) th.join();
+}
+
+// Compresses into out (capacity >= fmt::max_stream_bytes(h)); returns total bytes.
+inline uint64_t compress(const uint8_t* in, fmt::Header h, uint8_t* out, int threads) {
+  const fmt::Layout l = fmt::layout_of(h);
+  if (h.codec == fmt::Codec::Raw) {
+    h.total_bytes = l.raw_end;
+    fmt::write_header(h, out);
+    if (h.numel) memcpy(out + l.raw_begin, in, l.raw_end - l.raw_begin);
+    return h.total_bytes;
+  }
+  // Each thread encodes its blocks in order into its own scratch, then the
+  // segments are placed after a prefix sum over their sizes.
+  const uint64_t seg_cap = fmt::max_segment_bytes(1ull << h.block_log2);
+  std::vector<uint64_t> sizes(l.nblocks);
+  std::vector<std::vector<uint8_t>> scratch(std::max(1, threads));
+  parallel_for(l.nblocks, threads, [&](int t, uint64_t lo, uint64_t hi) {
+    auto& buf = scratch[t];
+    buf.resize((hi - lo) * seg_cap + (1ull << h.block_log2));
+    uint8_t* syms = buf.data() + (hi - lo) * seg_cap;
+    for (uint64_t b = lo; b < hi; ++b)
+      sizes[b] = PZ_DISPATCH_CODED_DTYPE(h.dtype, D, [&] {
+        return static_cast<int>(encode_block<D>(in, h, l, b, out, buf.data() + (b - lo) * seg_cap, syms));
+      });
+  });
+  std::vector<uint64_t> ends(l.nblocks);
+  uint64_t acc = 0;
+  for (uint64_t b = 0; b < l.nblocks; ++b) ends[b] = acc += sizes[b];
+  h.total_bytes = l.coded_begin + acc;
+  fmt::write_header(h, out);
+  // Zero the alignment gaps between regions so the bytes are deterministic.
+  memset(out + l.raw_begin + l.nsym, 0, l.plane16_begin - (l.raw_begin + l.nsym));
+  memset(out + l.raw_end, 0, l.offsets_begin - l.raw_end);
+  memset(out + l.offsets_begin + 8 * l.nblocks, 0, l.coded_begin - (l.offsets_begin + 8 * l.nblocks));
+  for (uint64_t b = 0; b < l.nblocks; ++b) fmt::put_u64(out + l.offsets_begin + 8 * b, ends[b]);
+  parallel_for(l.nblocks, threads, [&](int t, uint64_t lo, uint64_t hi) {
+    for (uint64_t b = lo; b < hi; ++b)
+      memcpy(out + l.coded_begin + ends[b] - sizes[b], scratch[t].data() + (b - lo) * seg_cap, sizes[b]);
+  });
+  return h.total_bytes;
+}
+
+// Decodes a stream whose header parsed Ok against its length. out holds
+// numel elements. Returns DecodeError bits.
+inline uint32_t decompress(const uint8_t* in, const fmt::Header& h, uint8_t* out, int threads) {
+  const fmt::Layout l = fmt::layout_of(h);
+  if (h.codec == fmt::Codec::Raw) {
+    if (h.numel) memcpy(out, in + l.raw_begin, l.raw_end - l.raw_begin);
+    return 0;
+  }
+  std::atomic<uint32_t> err{0};
+  parallel_for(l.nblocks, threads, [&](int, uint64_t lo, uint64_t hi) {
+    for (uint64_t b = lo; b < hi; ++b) {
+      const int e = PZ_DISPATCH_CODED_DTYPE(h.dtype, D, [&] { return static_cast<int>(decode_block<D>(in, h, l, b, out)); });
+      if (e) {
+        err.fetch_or(static_cast<uint32_t>(e));
+        return;
+      }
+    }
+  });
+  return err.load();
+}
+
+}  // namespace pz::cpu

@@ -1,0 +1,295 @@
+// The portable_zip wire format, version 1. docs/FORMAT.md is the byte-by-byte
+// description; this header is its executable form. All integers are
+// little-endian. Nothing here depends on the vendor or the warp width.
+#pragma once
+#include <stdint.h>
+
+#include "intrinsics.h"
+
+namespace pz::fmt {
+
+constexpr uint8_t kMagic[4] = {'P', 'Z', 'I', 'P'};
+constexpr uint8_t kVersion = 1;
+
+// rANS constants. The interleave width is part of the format, not the hardware.
+constexpr int kLanes = 32;
+constexpr int kProbBits = 12;
+constexpr uint32_t kProbScale = 1u << kProbBits;
+constexpr uint32_t kStateLow = 1u << 16;  // L: states live in [L, 2^32)
+constexpr int kNumSymbols = 256;
+static_assert(kLanes == kGroupLanes, "group width must equal the format's lane count");
+
+// Blocks hold 2^block_log2 symbols. The decoder accepts the whole range; the
+// encoder picks by size alone (choose_block_log2) so every backend agrees.
+constexpr int kMinBlockLog2 = 10;
+constexpr int kMaxBlockLog2 = 16;
+constexpr int kEncoderMaxBlockLog2 = 14;  // bounds the encoder's staging buffer
+
+constexpr int kFixedHeaderBytes = 32;
+constexpr int kMaxDims = 16;
+constexpr int kMaxHeaderBytes = kFixedHeaderBytes + 8 * kMaxDims;
+constexpr int kAlign = 16;
+
+enum class Codec : uint8_t { Raw = 0, Rans = 1 };
+
+// Block segment modes.
+constexpr uint8_t kModeStored = 0;
+constexpr uint8_t kModeRans = 1;
+// Frequency table forms.
+constexpr uint8_t kTableRange = 0;
+constexpr uint8_t kTableBitmap = 1;
+
+// Dtype codes are part of the format: never renumber.
+enum class DType : uint8_t {
+  Invalid = 0,
+  BFloat16 = 1,
+  Float16 = 2,
+  Float32 = 3,
+  Float8E4M3FN = 4,
+  Float8E5M2 = 5,
+  Float64 = 6,
+  UInt8 = 7,
+  Int8 = 8,
+  Int16 = 9,
+  Int32 = 10,
+  Int64 = 11,
+  Bool = 12,
+  Complex64 = 13,
+  Complex128 = 14,
+  Float8E4M3FNUZ = 15,
+  Float8E5M2FNUZ = 16,
+  UInt16 = 17,
+  UInt32 = 18,
+  UInt64 = 19,
+  Complex32 = 20,
+  Float8E8M0FNU = 21,
+  Count = 22,
+};
+
+PZ_HOST_DEVICE constexpr int elem_size(DType d) {
+  switch (d) {
+    case DType::BFloat16: case DType::Float16: case DType::Int16: case DType::UInt16: return 2;
+    case DType::Float32: case DType::Int32: case DType::UInt32: case DType::Complex32: return 4;
+    case DType::Float64: case DType::Int64: case DType::UInt64: case DType::Complex64: return 8;
+    case DType::Complex128: return 16;
+    case DType::Float8E4M3FN: case DType::Float8E5M2: case DType::UInt8: case DType::Int8:
+    case DType::Bool: case DType::Float8E4M3FNUZ: case DType::Float8E5M2FNUZ:
+    case DType::Float8E8M0FNU: return 1;
+    default: return 0;
+  }
+}
+
+// Dtypes with an exponent split; all others are stored raw.
+PZ_HOST_DEVICE constexpr bool is_coded(DType d) {
+  return d == DType::BFloat16 || d == DType::Float16 || d == DType::Float32 ||
+         d == DType::Float8E4M3FN || d == DType::Float8E5M2;
+}
+
+PZ_HOST_DEVICE constexpr uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+// Symbols per element stream: fp8 packs two elements into one symbol.
+PZ_HOST_DEVICE constexpr uint64_t num_symbols(DType d, uint64_t numel) {
+  return (d == DType::Float8E4M3FN || d == DType::Float8E5M2) ? (numel + 1) / 2 : numel;
+}
+
+// Raw planes: an 8-bit plane (one byte per symbol) always; fp32 adds a 16-bit
+// plane holding the low mantissa bits.
+PZ_HOST_DEVICE constexpr bool has_plane16(DType d) { return d == DType::Float32; }
+
+struct Header {
+  uint8_t version = kVersion;
+  DType dtype = DType::Invalid;
+  Codec codec = Codec::Raw;
+  uint8_t ndim = 0;
+  uint64_t total_bytes = 0;  // the whole stream, header included
+  uint64_t numel = 0;
+  uint8_t block_log2 = 0;    // 0 for Codec::Raw
+  int64_t shape[kMaxDims] = {};
+};
+
+// Where each region starts; derived from the header alone.
+struct Layout {
+  uint64_t header_bytes;   // fixed part + shape
+  uint64_t nsym;           // symbols (0 for Codec::Raw)
+  uint64_t nblocks;
+  uint64_t raw_begin;      // Raw codec: payload; Rans: plane8
+  uint64_t plane16_begin;  // fp32 only
+  uint64_t raw_end;
+  uint64_t offsets_begin;  // u64 end offset of each block, relative to coded_begin
+  uint64_t coded_begin;
+};
+
+PZ_HOST_DEVICE inline Layout layout_of(const Header& h) {
+  Layout l{};
+  l.header_bytes = kFixedHeaderBytes + 8ull * h.ndim;
+  l.raw_begin = align_up(l.header_bytes, kAlign);
+  if (h.codec == Codec::Raw) {
+    l.raw_end = l.raw_begin + h.numel * static_cast<uint64_t>(elem_size(h.dtype));
+    l.plane16_begin = l.raw_end;
+    l.offsets_begin = l.coded_begin = l.raw_end;
+    return l;
+  }
+  l.nsym = num_symbols(h.dtype, h.numel);
+  l.nblocks = (l.nsym + (1ull << h.block_log2) - 1) >> h.block_log2;
+  l.plane16_begin = align_up(l.raw_begin + l.nsym, kAlign);
+  l.raw_end = has_plane16(h.dtype) ? l.plane16_begin + 2 * l.nsym : l.raw_begin + l.nsym;
+  l.offsets_begin = align_up(l.raw_end, kAlign);
+  l.coded_begin = align_up(l.offsets_begin + 8 * l.nblocks, kAlign);
+  return l;
+}
+
+// Symbols in block b.
+PZ_HOST_DEVICE inline uint32_t block_symbols(const Header& h, const Layout& l, uint64_t b) {
+  const uint64_t begin = b << h.block_log2;
+  const uint64_t end = begin + (1ull << h.block_log2);
+  return static_cast<uint32_t>((end < l.nsym ? end : l.nsym) - begin);
+}
+
+// Largest a block segment can be: mode byte + stored symbols, padded.
+PZ_HOST_DEVICE constexpr uint64_t max_segment_bytes(uint64_t nsym_in_block) {
+  return align_up(1 + nsym_in_block, kAlign);
+}
+
+// Deterministic block size from the symbol count alone: aim for >= 256
+// blocks (parallelism) but never below 2^12 symbols (table/state overhead).
+inline int choose_block_log2(uint64_t nsym) {
+  int lg = 12;
+  while (lg < kEncoderMaxBlockLog2 && (nsym >> (lg + 1)) >= 256) ++lg;
+  return lg;
+}
+
+// The header the encoder writes for a tensor (total_bytes filled in later).
+inline Header plan_header(DType d, uint64_t numel, const int64_t* shape, int ndim) {
+  Header h;
+  h.dtype = d;
+  h.numel = numel;
+  h.ndim = static_cast<uint8_t>(ndim);
+  for (int i = 0; i < ndim; ++i) h.shape[i] = shape[i];
+  if (is_coded(d) && numel > 0) {
+    h.codec = Codec::Rans;
+    h.block_log2 = static_cast<uint8_t>(choose_block_log2(num_symbols(d, numel)));
+  }
+  return h;
+}
+
+inline void put_u64(uint8_t* p, uint64_t v) {
+  for (int i = 0; i < 8; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
+}
+PZ_HOST_DEVICE inline uint64_t get_u64(const uint8_t* p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
+  return v;
+}
+
+// Writes header_bytes bytes, then zero padding up to raw_begin.
+inline void write_header(const Header& h, uint8_t* out) {
+  const Layout l = layout_of(h);
+  for (uint64_t i = 0; i < l.raw_begin; ++i) out[i] = 0;
+  for (int i = 0; i < 4; ++i) out[i] = kMagic[i];
+  out[4] = h.version;
+  out[5] = static_cast<uint8_t>(h.dtype);
+  out[6] = static_cast<uint8_t>(h.codec);
+  out[7] = h.ndim;
+  put_u64(out + 8, h.total_bytes);
+  put_u64(out + 16, h.numel);
+  out[24] = h.block_log2;
+  out[25] = kProbBits;
+  out[26] = kLanes;
+  for (int d = 0; d < h.ndim; ++d) put_u64(out + kFixedHeaderBytes + 8 * d, static_cast<uint64_t>(h.shape[d]));
+}
+
+// Worst-case stream size: every block stored.
+inline uint64_t max_stream_bytes(const Header& h) {
+  const Layout l = layout_of(h);
+  if (h.codec == Codec::Raw) return l.raw_end;
+  uint64_t total = l.coded_begin;
+  const uint64_t full = l.nblocks ? l.nblocks - 1 : 0;
+  total += full * max_segment_bytes(1ull << h.block_log2);
+  if (l.nblocks) total += max_segment_bytes(block_symbols(h, l, l.nblocks - 1));
+  return total;
+}
+
+enum class ParseError {
+  Ok = 0,
+  TooShort,
+  BadMagic,
+  BadVersion,
+  BadDType,
+  BadCodec,
+  BadNdim,
+  BadParams,
+  BadShape,
+  BadTotal,
+  Truncated,
+};
+
+inline const char* parse_error_text(ParseError e) {
+  switch (e) {
+    case ParseError::Ok: return "ok";
+    case ParseError::TooShort: return "stream is shorter than the fixed 32-byte header";
+    case ParseError::BadMagic: return "bad magic: not a portable_zip stream";
+    case ParseError::BadVersion: return "unsupported format version";
+    case ParseError::BadDType: return "unknown dtype code in header";
+    case ParseError::BadCodec: return "unknown codec code in header";
+    case ParseError::BadNdim: return "ndim in header exceeds 16 or the stream ends inside the shape";
+    case ParseError::BadParams: return "header codec parameters (block size, probability bits, lane count, reserved bytes) are invalid";
+    case ParseError::BadShape: return "header shape is negative or does not multiply to numel";
+    case ParseError::BadTotal: return "header total size is inconsistent with its layout";
+    case ParseError::Truncated: return "stream is truncated: shorter than the total size in its header";
+  }
+  return "unknown error";
+}
+
+// Validates every header field. p holds the first head_len bytes of a stream
+// of stream_len bytes. After Ok, the layout's regions all lie inside
+// [0, total_bytes) and total_bytes <= stream_len.
+inline ParseError parse_header(const uint8_t* p, uint64_t head_len, uint64_t stream_len, Header* h) {
+  const uint64_t len = head_len < stream_len ? head_len : stream_len;
+  if (len < kFixedHeaderBytes) return ParseError::TooShort;
+  for (int i = 0; i < 4; ++i)
+    if (p[i] != kMagic[i]) return ParseError::BadMagic;
+  h->version = p[4];
+  if (h->version != kVersion) return ParseError::BadVersion;
+  if (p[5] == 0 || p[5] >= static_cast<uint8_t>(DType::Count)) return ParseError::BadDType;
+  h->dtype = static_cast<DType>(p[5]);
+  if (p[6] > static_cast<uint8_t>(Codec::Rans)) return ParseError::BadCodec;
+  h->codec = static_cast<Codec>(p[6]);
+  h->ndim = p[7];
+  if (h->ndim > kMaxDims || len < kFixedHeaderBytes + 8ull * h->ndim) return ParseError::BadNdim;
+  h->total_bytes = get_u64(p + 8);
+  h->numel = get_u64(p + 16);
+  h->block_log2 = p[24];
+  if (p[25] != kProbBits || p[26] != kLanes || p[27] != 0 || get_u64(p + 24) >> 32 != 0)
+    return ParseError::BadParams;
+  if (h->codec == Codec::Rans) {
+    if (!is_coded(h->dtype) || h->block_log2 < kMinBlockLog2 || h->block_log2 > kMaxBlockLog2)
+      return ParseError::BadParams;
+  } else if (h->block_log2 != 0) {
+    return ParseError::BadParams;
+  }
+  // Shape must multiply to numel without overflow; numel * elem_size must fit.
+  uint64_t prod = 1;
+  bool zero = false;
+  for (int d = 0; d < h->ndim; ++d) {
+    const int64_t s = static_cast<int64_t>(get_u64(p + kFixedHeaderBytes + 8 * d));
+    if (s < 0) return ParseError::BadShape;
+    h->shape[d] = s;
+    if (s == 0) zero = true;
+    else if (!zero && prod > (1ull << 48) / static_cast<uint64_t>(s)) return ParseError::BadShape;
+    else if (!zero) prod *= static_cast<uint64_t>(s);
+  }
+  if (zero) prod = 0;
+  if (prod != h->numel) return ParseError::BadShape;
+  const Layout l = layout_of(*h);
+  if (h->codec == Codec::Raw) {
+    if (h->total_bytes != l.raw_end) return ParseError::BadTotal;
+  } else {
+    // Every block holds at least its mode byte, padded to 16.
+    if (h->total_bytes < l.coded_begin + kAlign * l.nblocks) return ParseError::BadTotal;
+    if (h->total_bytes > max_stream_bytes(*h)) return ParseError::BadTotal;
+  }
+  if (h->total_bytes > stream_len) return ParseError::Truncated;
+  return ParseError::Ok;
+}
+
+}  // namespace pz::fmt

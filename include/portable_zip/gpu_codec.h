@@ -1,0 +1,280 @@
+// GPU compress and decompress kernels. One 32-lane group owns one block; a
+// CTA holds kGroupsPerCta groups (one wave64 on CDNA, two warps elsewhere).
+//
+// Compress is one fused launch: split + histogram + table + encode, then a
+// decoupled look-back over the blocks' sizes gives each block its final
+// offset, and the block writes its segment straight there. No host sync, no
+// global histogram, no coalescing pass.
+#pragma once
+#include <stdint.h>
+
+#include "block.h"
+
+namespace pz::gpu {
+
+constexpr int kGroupsPerCta = 2;
+constexpr int kCtaThreads = kGroupsPerCta * fmt::kLanes;
+static_assert(kCtaThreads % PZ_MAX_WARP_SIZE == 0, "a CTA must fill whole wave64s");
+
+struct CompressParams {
+  const uint8_t* in;
+  uint8_t* out;
+  uint64_t* status;   // nblocks look-back words, zeroed
+  uint32_t* ticket;   // zeroed; hands out block indices in launch order
+  fmt::Header h;
+  uint8_t header[fmt::kMaxHeaderBytes + fmt::kAlign];  // pre-serialized, total left 0
+};
+
+struct DecompressParams {
+  const uint8_t* in;
+  uint8_t* out;
+  uint32_t* err;
+  fmt::Header h;
+};
+
+// Shared memory per group for compress: histogram, encode table, frequency
+// scratch, then the segment staging buffer.
+PZ_HOST_DEVICE constexpr uint64_t compress_smem_per_group(int block_log2) {
+  return 4 * 256 + 4 * 256 + 2 * 256 + fmt::align_up(1 + (1ull << block_log2), fmt::kAlign);
+}
+constexpr uint64_t kDecompressSmemPerGroup = 4 * 256 + 2 * 256 + fmt::kProbScale + 16;
+
+#if defined(PZ_CUDA) || defined(PZ_HIP)
+
+// Returns the exclusive prefix of block b's size over blocks 0..b-1.
+PZ_DEVICE inline uint64_t lookback(uint64_t* status, uint64_t b, uint64_t size) {
+  const int lane = group_lane();
+  if (b == 0) {
+    if (lane == 0) store_release_device(&status[0], kStatusPrefix | size);
+    return 0;
+  }
+  if (lane == 0) store_release_device(&status[b], kStatusAggregate | size);
+  uint64_t excl = 0;
+  int64_t j = static_cast<int64_t>(b) - 1;
+  while (true) {
+    const int64_t idx = j - lane;
+    uint64_t v = kStatusPrefix;  // before block 0: a prefix of 0
+    if (idx >= 0) {
+      do {
+        v = load_acquire_device(&status[idx]);
+      } while ((v >> 62) == 0);
+    }
+    const uint32_t pre = group_ballot((v >> 62) == 2);
+    if (pre) {
+      const int first = ffs32(pre) - 1;  // nearest predecessor holding a prefix
+      excl += group_sum64(lane <= first ? (v & kStatusValue) : 0);
+      break;
+    }
+    excl += group_sum64(v & kStatusValue);
+    j -= fmt::kLanes;
+  }
+  if (lane == 0) store_release_device(&status[b], kStatusPrefix | (excl + size));
+  return excl;
+}
+
+template <fmt::DType D>
+PZ_GLOBAL void __launch_bounds__(kCtaThreads) compress_kernel(CompressParams p) {
+  using T = FloatTraits<D>;
+  constexpr bool plane16 = fmt::has_plane16(D);
+  extern __shared__ __align__(16) uint8_t smem[];
+  const fmt::Header& h = p.h;
+  const fmt::Layout l = fmt::layout_of(h);
+  const int lane = group_lane();
+  const int group = static_cast<int>(threadIdx.x) / fmt::kLanes;
+  uint8_t* base = smem + group * compress_smem_per_group(h.block_log2);
+  uint32_t* hist = reinterpret_cast<uint32_t*>(base);
+  uint32_t* encsym = hist + 256;
+  uint16_t* freq = reinterpret_cast<uint16_t*>(encsym + 256);
+  uint8_t* buf = reinterpret_cast<uint8_t*>(freq + 256);
+
+  uint32_t ticket = 0;
+  if (lane == 0) ticket = atomic_add<Scope::Device>(p.ticket, 1u);
+  const uint64_t b = group_shfl(ticket, 0);
+  if (b >= l.nblocks) return;
+  const uint64_t first = b << h.block_log2;
+  const uint32_t n = fmt::block_symbols(h, l, b);
+
+  for (int s = lane; s < 256; s += fmt::kLanes) hist[s] = 0;
+  group_sync();
+  for (uint32_t i = lane; i < n; i += fmt::kLanes) {
+    const Split sp = T::split(p.in, first + i, h.numel);
+    atomic_add<Scope::Block>(&hist[sp.sym], 1u);
+    write_raw(p.out, l, plane16, first + i, sp);
+  }
+  group_sync();
+  if (lane == 0) {
+    rans::quantize(hist, n, freq);
+    hist[0] = static_cast<uint32_t>(rans::write_table(freq, buf + 1));  // hist is free now
+    build_encsym(freq, encsym);
+  }
+  group_sync();
+  const int table_bytes = static_cast<int>(hist[0]);
+  const uint32_t prefix = rans::rans_prefix_bytes(table_bytes);
+  const uint64_t limit = 1ull + n;
+  bool stored = prefix >= limit;
+  uint32_t x = fmt::kStateLow;
+  uint64_t words = 0;
+  const uint32_t steps = (n + fmt::kLanes - 1) / fmt::kLanes;
+  for (uint32_t s = 0; s < steps && !stored; ++s) {
+    const uint32_t idx = s * fmt::kLanes + lane;
+    const bool valid = idx < n;
+    const uint32_t es = valid ? encsym[T::split(p.in, first + idx, h.numel).sym] : 1u;
+    const bool need = valid && rans::enc_renorm_needed(x, es & 0xffff);
+    const uint32_t ballot = group_ballot(need);
+    const uint32_t count = popc32(ballot);
+    if (prefix + 2 * (words + count) >= limit) {
+      stored = true;  // group-uniform: every lane saw the same words/count
+      break;
+    }
+    if (need) {
+      const uint64_t pos = prefix + 2 * (words + popc32(ballot & group_lanemask_lt()));
+      buf[pos] = static_cast<uint8_t>(x);
+      buf[pos + 1] = static_cast<uint8_t>(x >> 8);
+      x >>= 16;
+    }
+    words += count;
+    if (valid) x = rans::enc_put(x, es & 0xffff, es >> 16);
+  }
+  uint64_t used;
+  if (stored) {
+    if (lane == 0) buf[0] = fmt::kModeStored;
+    for (uint32_t i = lane; i < n; i += fmt::kLanes) buf[1 + i] = T::split(p.in, first + i, h.numel).sym;
+    used = 1ull + n;
+  } else {
+    const uint32_t wpos = static_cast<uint32_t>(fmt::align_up(1 + table_bytes, 4));
+    if (lane == 0) {
+      buf[0] = fmt::kModeRans;
+      for (uint32_t i = 1 + table_bytes; i < wpos; ++i) buf[i] = 0;
+      put_u32(buf + wpos, static_cast<uint32_t>(words));
+    }
+    put_u32(buf + wpos + 4 + 4 * lane, x);
+    used = prefix + 2 * words;
+  }
+  const uint64_t padded = fmt::align_up(used, fmt::kAlign);
+  for (uint64_t i = used + lane; i < padded; i += fmt::kLanes) buf[i] = 0;
+  group_sync();
+
+  const uint64_t excl = lookback(p.status, b, padded);
+  uint8_t* dst = p.out + l.coded_begin + excl;
+  for (uint64_t i = lane; i < padded / 16; i += fmt::kLanes)
+    reinterpret_cast<uint4*>(dst)[i] = reinterpret_cast<const uint4*>(buf)[i];
+  if (lane == 0) {
+    uint8_t* o = p.out + l.offsets_begin + 8 * b;
+    *reinterpret_cast<uint64_t*>(o) = excl + padded;
+  }
+  if (b == 0) {
+    // Header (minus the total, which the last block owns) and the zero gaps.
+    for (uint64_t i = lane; i < l.raw_begin; i += fmt::kLanes)
+      if (i < 8 || i >= 16) p.out[i] = p.header[i];
+    for (uint64_t i = l.raw_begin + l.nsym + lane; i < l.plane16_begin && plane16; i += fmt::kLanes) p.out[i] = 0;
+    for (uint64_t i = l.raw_end + lane; i < l.offsets_begin; i += fmt::kLanes) p.out[i] = 0;
+    for (uint64_t i = l.offsets_begin + 8 * l.nblocks + lane; i < l.coded_begin; i += fmt::kLanes) p.out[i] = 0;
+  }
+  if (b + 1 == l.nblocks && lane == 0) {
+    const uint64_t total = l.coded_begin + excl + padded;
+    for (int i = 0; i < 8; ++i) p.out[8 + i] = static_cast<uint8_t>(total >> (8 * i));
+  }
+}
+
+template <fmt::DType D>
+PZ_GLOBAL void __launch_bounds__(kCtaThreads) decompress_kernel(DecompressParams p) {
+  using T = FloatTraits<D>;
+  constexpr bool plane16 = fmt::has_plane16(D);
+  extern __shared__ __align__(16) uint8_t smem[];
+  const fmt::Header& h = p.h;
+  const fmt::Layout l = fmt::layout_of(h);
+  const int lane = group_lane();
+  const int group = static_cast<int>(threadIdx.x) / fmt::kLanes;
+  const uint64_t b = static_cast<uint64_t>(blockIdx.x) * kGroupsPerCta + group;
+  if (b >= l.nblocks) return;
+  uint8_t* base = smem + group * kDecompressSmemPerGroup;
+  uint32_t* encsym = reinterpret_cast<uint32_t*>(base);
+  uint16_t* freq = reinterpret_cast<uint16_t*>(encsym + 256);
+  uint8_t* lookup = reinterpret_cast<uint8_t*>(freq + 256);
+  int32_t* shared_tb = reinterpret_cast<int32_t*>(lookup + fmt::kProbScale);
+
+  uint64_t sb, se;
+  if (!segment_bounds(p.in, h, l, b, &sb, &se)) {
+    if (lane == 0) atomic_or<Scope::Device>(p.err, kErrOffsets);
+    return;
+  }
+  const uint8_t* seg = p.in + l.coded_begin + sb;
+  const uint64_t seglen = se - sb;
+  const uint64_t first = b << h.block_log2;
+  const uint32_t n = fmt::block_symbols(h, l, b);
+  const uint8_t* raw8 = p.in + l.raw_begin;
+  if (seg[0] == fmt::kModeStored) {
+    if (seglen < 1ull + n) {
+      if (lane == 0) atomic_or<Scope::Device>(p.err, kErrSegment);
+      return;
+    }
+    for (uint32_t i = lane; i < n; i += fmt::kLanes)
+      T::join(p.out, first + i, h.numel, seg[1 + i], raw8[first + i], raw16_at(p.in, l, plane16, first + i));
+    return;
+  }
+  if (seg[0] != fmt::kModeRans) {
+    if (lane == 0) atomic_or<Scope::Device>(p.err, kErrSegment);
+    return;
+  }
+  if (lane == 0) {
+    const int tb = rans::parse_table(seg + 1, seg + seglen, freq);
+    if (tb >= 0) build_encsym(freq, encsym);
+    *shared_tb = tb;
+  }
+  group_sync();
+  const int table_bytes = *shared_tb;
+  if (table_bytes < 0) {
+    if (lane == 0) atomic_or<Scope::Device>(p.err, kErrTable);
+    return;
+  }
+  for (int s = lane; s < 256; s += fmt::kLanes) {
+    const uint32_t c = encsym[s] >> 16, f = encsym[s] & 0xffff;
+    for (uint32_t k = 0; k < f; ++k) lookup[c + k] = static_cast<uint8_t>(s);
+  }
+  const uint64_t wpos = fmt::align_up(1 + table_bytes, 4);
+  const uint64_t prefix = rans::rans_prefix_bytes(table_bytes);
+  const uint64_t words = prefix <= seglen ? get_u32(seg + wpos) : 0;
+  if (prefix > seglen || prefix + 2 * words > seglen) {
+    if (lane == 0) atomic_or<Scope::Device>(p.err, kErrSegment);
+    return;
+  }
+  uint32_t x = get_u32(seg + wpos + 4 + 4 * lane);
+  if (group_ballot(x < fmt::kStateLow)) {
+    if (lane == 0) atomic_or<Scope::Device>(p.err, kErrStream);
+    return;
+  }
+  group_sync();  // lookup complete
+  const uint8_t* wp = seg + prefix;
+  uint64_t rp = words;
+  const uint32_t steps = (n + fmt::kLanes - 1) / fmt::kLanes;
+  bool ok = true;
+  for (uint32_t s = steps; s-- > 0;) {
+    const uint32_t idx = s * fmt::kLanes + lane;
+    const bool valid = idx < n;
+    if (valid) {
+      const uint8_t sym = lookup[x & (fmt::kProbScale - 1)];
+      const uint32_t es = encsym[sym];
+      x = rans::dec_step(x, es & 0xffff, es >> 16);
+      T::join(p.out, first + idx, h.numel, sym, raw8[first + idx], raw16_at(p.in, l, plane16, first + idx));
+    }
+    const bool need = valid && x < fmt::kStateLow;
+    const uint32_t ballot = group_ballot(need);
+    const uint32_t count = popc32(ballot);
+    if (count > rp) {
+      ok = false;  // group-uniform
+      break;
+    }
+    if (need) {
+      const uint64_t r = rp - count + popc32(ballot & group_lanemask_lt());
+      x = (x << 16) | wp[2 * r] | (uint32_t(wp[2 * r + 1]) << 8);
+    }
+    rp -= count;
+  }
+  if (!ok || rp != 0 || group_ballot(x != fmt::kStateLow)) {
+    if (lane == 0) atomic_or<Scope::Device>(p.err, kErrStream);
+  }
+}
+
+#endif
+
+}  // namespace pz::gpu

@@ -1,0 +1,50 @@
+// The only file in portable_zip that tests vendor macros.
+// Everything else asks PZ_CUDA / PZ_HIP / PZ_HOST and PZ_DEVICE_COMPILE.
+#pragma once
+
+#if defined(__HIP_PLATFORM_AMD__) || defined(__HIPCC__)
+#define PZ_HIP 1
+#include <hip/hip_runtime.h>
+#elif defined(__CUDACC__)
+#define PZ_CUDA 1
+#include <cuda_runtime.h>
+#else
+#define PZ_HOST 1
+#endif
+
+// True while compiling device code (either vendor's device pass).
+#if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)
+#define PZ_DEVICE_COMPILE 1
+#endif
+
+#if defined(PZ_CUDA) || defined(PZ_HIP)
+#define PZ_HOST_DEVICE __host__ __device__
+#define PZ_DEVICE __device__
+#define PZ_GLOBAL __global__
+#define PZ_FORCE_INLINE __forceinline__
+#else
+#define PZ_HOST_DEVICE
+#define PZ_DEVICE
+#define PZ_GLOBAL
+#define PZ_FORCE_INLINE inline __attribute__((always_inline))
+#endif
+
+// Hardware wavefront width of the device pass. gfx9 (CDNA) is wave64; RDNA and
+// NVIDIA are wave32. Deliberately undefined in host passes: use
+// pz::host_warp_size() there.
+#if defined(PZ_DEVICE_COMPILE)
+#if defined(PZ_HIP) && defined(__AMDGCN_WAVEFRONT_SIZE)
+#define PZ_WARP_SIZE __AMDGCN_WAVEFRONT_SIZE
+#elif defined(PZ_HIP) && defined(__GFX9__)
+#define PZ_WARP_SIZE 64
+#else
+#define PZ_WARP_SIZE 32
+#endif
+#endif
+
+#define PZ_MAX_WARP_SIZE 64
+
+// Async global->shared copies (cp.async) exist from sm_80 on.
+#if defined(PZ_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define PZ_HAS_CP_ASYNC 1
+#endif

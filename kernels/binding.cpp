@@ -1,0 +1,154 @@
+// The one Python binding file: thin wrappers over launch.h. Pointers arrive as
+// integers from torch tensors the Python layer has already validated.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "launch.h"
+#include "portable_zip/block.h"
+
+namespace nb = nanobind;
+using namespace pz;
+
+namespace {
+
+struct FormatError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+template <class T>
+T* ptr(uintptr_t p) { return reinterpret_cast<T*>(p); }
+
+fmt::Header plan(int dtype, uint64_t numel, const std::vector<int64_t>& shape) {
+  if (dtype <= 0 || dtype >= static_cast<int>(fmt::DType::Count)) throw std::invalid_argument("unknown dtype code");
+  if (shape.size() > fmt::kMaxDims) throw std::invalid_argument("portable_zip supports at most 16 dimensions");
+  return fmt::plan_header(static_cast<fmt::DType>(dtype), numel, shape.data(), static_cast<int>(shape.size()));
+}
+
+fmt::Header parse(const nb::bytes& data, uint64_t stream_len) {
+  fmt::Header h;
+  const auto e = fmt::parse_header(static_cast<const uint8_t*>(data.data()), data.size(), stream_len, &h);
+  if (e != fmt::ParseError::Ok) {
+    std::string msg = fmt::parse_error_text(e);
+    const auto* p = static_cast<const uint8_t*>(data.data());
+    if (e == fmt::ParseError::BadVersion)
+      msg += " " + std::to_string(p[4]) + "; this build reads version " + std::to_string(fmt::kVersion);
+    if (e == fmt::ParseError::Truncated)
+      msg += " (" + std::to_string(stream_len) + " bytes, header says " + std::to_string(fmt::get_u64(p + 8)) + ")";
+    throw FormatError(msg);
+  }
+  return h;
+}
+
+std::string decode_error_text(uint32_t bits) {
+  std::string s;
+  auto add = [&](uint32_t bit, const char* text) {
+    if (bits & bit) s += (s.empty() ? "" : "; ") + std::string(text);
+  };
+  add(kErrOffsets, "block offset table is out of order or points outside the stream");
+  add(kErrTable, "a block's frequency table is malformed");
+  add(kErrSegment, "a block segment is too short for its contents or has an unknown mode");
+  add(kErrStream, "a block's rANS data is inconsistent (corrupted coded bytes)");
+  return "corrupted stream: " + s;
+}
+
+void check(int rc) {
+  if (rc != kOk) throw std::runtime_error(last_error_message());
+}
+
+}  // namespace
+
+NB_MODULE(_C, m) {
+  nb::exception<FormatError>(m, "FormatError", PyExc_ValueError);
+
+  m.def("max_compressed_size", [](int dtype, uint64_t numel, const std::vector<int64_t>& shape) {
+    return fmt::max_stream_bytes(plan(dtype, numel, shape));
+  });
+
+  m.def("parse_header", [](nb::bytes data, uint64_t stream_len) {
+    const fmt::Header h = parse(data, stream_len);
+    const fmt::Layout l = fmt::layout_of(h);
+    nb::dict d;
+    d["version"] = h.version;
+    d["dtype"] = static_cast<int>(h.dtype);
+    d["codec"] = static_cast<int>(h.codec);
+    d["shape"] = std::vector<int64_t>(h.shape, h.shape + h.ndim);
+    d["numel"] = h.numel;
+    d["total_bytes"] = h.total_bytes;
+    d["block_symbols"] = h.codec == fmt::Codec::Rans ? (1ull << h.block_log2) : 0ull;
+    d["nblocks"] = l.nblocks;
+    d["raw_begin"] = l.raw_begin;
+    d["raw_end"] = l.raw_end;
+    d["coded_begin"] = l.coded_begin;
+    d["header_bytes"] = l.header_bytes;
+    return d;
+  });
+
+  m.def("decode_error_text", &decode_error_text);
+
+  // Header bytes (up to the payload) of a stream stored raw, or None when the
+  // tensor is entropy-coded: lets GPU callers store raw tensors with copies only.
+  m.def("raw_header", [](int dtype, uint64_t numel, const std::vector<int64_t>& shape) -> nb::object {
+    fmt::Header h = plan(dtype, numel, shape);
+    if (h.codec != fmt::Codec::Raw) return nb::none();
+    const fmt::Layout l = fmt::layout_of(h);
+    h.total_bytes = l.raw_end;
+    std::vector<uint8_t> head(l.raw_begin);
+    fmt::write_header(h, head.data());
+    return nb::bytes(reinterpret_cast<const char*>(head.data()), head.size());
+  });
+
+  m.def("compress_cpu", [](uintptr_t in, int dtype, uint64_t numel, const std::vector<int64_t>& shape, uintptr_t out,
+                           int threads) {
+    const fmt::Header h = plan(dtype, numel, shape);
+    nb::gil_scoped_release release;
+    return cpu_compress(ptr<const uint8_t>(in), h, ptr<uint8_t>(out), threads);
+  });
+
+  m.def("decompress_cpu", [](nb::bytes head, uintptr_t in, uint64_t in_len, uintptr_t out, int threads) {
+    const fmt::Header h = parse(head, in_len);
+    uint32_t err;
+    {
+      nb::gil_scoped_release release;
+      err = cpu_decompress(ptr<const uint8_t>(in), h, ptr<uint8_t>(out), threads);
+    }
+    if (err) throw FormatError(decode_error_text(err));
+  });
+
+  m.def("has_gpu", [] {
+#if defined(PZ_WITH_GPU)
+    return true;
+#else
+    return false;
+#endif
+  });
+  m.attr("backend") = PZ_BACKEND_NAME;
+  m.attr("archs") = PZ_ARCHS;
+  m.attr("format_version") = fmt::kVersion;
+  m.attr("lanes") = fmt::kLanes;
+
+#if defined(PZ_WITH_GPU)
+  m.def("compress_workspace_bytes", [](int dtype, uint64_t numel, const std::vector<int64_t>& shape) {
+    return gpu_compress_workspace_bytes(plan(dtype, numel, shape));
+  });
+  m.def("compress_gpu", [](uintptr_t in, int dtype, uint64_t numel, const std::vector<int64_t>& shape, uintptr_t out,
+                           uintptr_t workspace, uintptr_t stream) {
+    check(gpu_compress(ptr<const uint8_t>(in), plan(dtype, numel, shape), ptr<uint8_t>(out), ptr<void>(workspace),
+                       ptr<void>(stream)));
+  });
+  m.def("decompress_gpu", [](nb::bytes head, uintptr_t in, uint64_t in_len, uintptr_t out, uintptr_t err,
+                             uintptr_t stream) {
+    check(gpu_decompress(ptr<const uint8_t>(in), parse(head, in_len), ptr<uint8_t>(out), ptr<uint32_t>(err),
+                         ptr<void>(stream)));
+  });
+  m.def("device_info", [](int device) {
+    int warp = 0, sms = 0;
+    check(gpu_device_info(device, &warp, &sms));
+    return nb::make_tuple(warp, sms);
+  });
+#endif
+}

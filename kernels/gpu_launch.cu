@@ -1,0 +1,72 @@
+// GPU launchers, compiled as CUDA or (LANGUAGE HIP in CMake, or hipcc -x hip)
+// as HIP from this one source.
+#include "launch.h"
+#include "portable_zip/gpu_codec.h"
+#include "portable_zip/runtime.h"
+
+namespace pz {
+
+static int fail(rt::Error e, const char* what) {
+  set_last_error(what, rt::error_string(e));
+  return kRuntimeError;
+}
+
+uint64_t gpu_compress_workspace_bytes(const fmt::Header& h) {
+  const fmt::Layout l = fmt::layout_of(h);
+  return 8 * l.nblocks + 16;  // look-back status words + ticket counter
+}
+
+int gpu_compress(const uint8_t* in, const fmt::Header& h, uint8_t* out, void* workspace, void* stream) {
+  if (h.codec != fmt::Codec::Rans || h.block_log2 > fmt::kEncoderMaxBlockLog2 ||
+      reinterpret_cast<uintptr_t>(out) % fmt::kAlign || reinterpret_cast<uintptr_t>(workspace) % 8) {
+    set_last_error("gpu_compress: needs a rANS header, block_log2 <= 14, 16-byte aligned output, 8-byte aligned workspace", "");
+    return kBadArgument;
+  }
+  const fmt::Layout l = fmt::layout_of(h);
+  auto s = static_cast<rt::Stream>(stream);
+  rt::Error e = rt::memset_async(workspace, 0, gpu_compress_workspace_bytes(h), s);
+  if (e != rt::kSuccess) return fail(e, "clearing the compress workspace");
+  gpu::CompressParams p{};
+  p.in = in;
+  p.out = out;
+  p.status = static_cast<uint64_t*>(workspace);
+  p.ticket = reinterpret_cast<uint32_t*>(static_cast<uint8_t*>(workspace) + 8 * l.nblocks);
+  p.h = h;
+  fmt::write_header(h, p.header);
+  const uint64_t smem = gpu::kGroupsPerCta * gpu::compress_smem_per_group(h.block_log2);
+  const uint64_t grid = (l.nblocks + gpu::kGroupsPerCta - 1) / gpu::kGroupsPerCta;
+  const int rc = PZ_DISPATCH_CODED_DTYPE(h.dtype, D, [&] {
+    auto kernel = gpu::compress_kernel<D>;
+    rt::Error err = rt::set_max_dynamic_smem(kernel, static_cast<int>(smem));
+    if (err != rt::kSuccess) return fail(err, "raising the compress kernel's shared-memory limit");
+    kernel<<<static_cast<unsigned>(grid), gpu::kCtaThreads, smem, s>>>(p);
+    err = rt::last_error();
+    return err == rt::kSuccess ? static_cast<int>(kOk) : fail(err, "launching the compress kernel");
+  });
+  return rc;
+}
+
+int gpu_decompress(const uint8_t* in, const fmt::Header& h, uint8_t* out, uint32_t* err, void* stream) {
+  if (h.codec != fmt::Codec::Rans) {
+    set_last_error("gpu_decompress: raw streams are copied by the caller", "");
+    return kBadArgument;
+  }
+  const fmt::Layout l = fmt::layout_of(h);
+  auto s = static_cast<rt::Stream>(stream);
+  gpu::DecompressParams p{in, out, err, h};
+  const uint64_t smem = gpu::kGroupsPerCta * gpu::kDecompressSmemPerGroup;
+  const uint64_t grid = (l.nblocks + gpu::kGroupsPerCta - 1) / gpu::kGroupsPerCta;
+  return PZ_DISPATCH_CODED_DTYPE(h.dtype, D, [&] {
+    gpu::decompress_kernel<D><<<static_cast<unsigned>(grid), gpu::kCtaThreads, smem, s>>>(p);
+    const rt::Error e = rt::last_error();
+    return e == rt::kSuccess ? static_cast<int>(kOk) : fail(e, "launching the decompress kernel");
+  });
+}
+
+int gpu_device_info(int device, int* warp_size, int* sm_count) {
+  rt::Error e = rt::warp_size(device, warp_size);
+  if (e == rt::kSuccess) e = rt::sm_count(device, sm_count);
+  return e == rt::kSuccess ? static_cast<int>(kOk) : fail(e, "querying the device");
+}
+
+}  // namespace pz

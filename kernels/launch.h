@@ -1,0 +1,27 @@
+// Plain C++ API of the compiled library: raw pointers, 64-bit sizes, a
+// stream, error codes. No torch, no Python.
+#pragma once
+#include <stdint.h>
+
+#include "portable_zip/format.h"
+
+namespace pz {
+
+// Return codes of the launchers (0 = ok). Runtime errors carry their message
+// through last_error_message().
+enum LaunchStatus : int { kOk = 0, kBadArgument = 1, kRuntimeError = 2 };
+const char* last_error_message();
+void set_last_error(const char* what, const char* detail);
+
+// CPU (every build). threads <= 0 means one per hardware thread.
+uint64_t cpu_compress(const uint8_t* in, const fmt::Header& h, uint8_t* out, int threads);
+uint32_t cpu_decompress(const uint8_t* in, const fmt::Header& h, uint8_t* out, int threads);
+
+// GPU (CUDA or HIP builds only). Workspace is device memory the launcher
+// clears on the stream; decompress ORs DecodeError bits into *err (device).
+uint64_t gpu_compress_workspace_bytes(const fmt::Header& h);
+int gpu_compress(const uint8_t* in, const fmt::Header& h, uint8_t* out, void* workspace, void* stream);
+int gpu_decompress(const uint8_t* in, const fmt::Header& h, uint8_t* out, uint32_t* err, void* stream);
+int gpu_device_info(int device, int* warp_size, int* sm_count);
+
+}  // namespace pz

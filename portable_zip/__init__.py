@@ -1,0 +1,21 @@
+"""portable_zip: lossless exponent compression for GPU communication."""
+__version__ = "0.1.0"
+
+from .codec import (  # noqa: E402
+    FormatError,
+    backend_info,
+    compress,
+    compress_batch,
+    compressed_size,
+    decompress,
+    decompress_batch,
+    inspect,
+    max_compressed_size,
+    trim,
+)
+from . import ops  # noqa: E402,F401  (registers torch.ops.portable_zip.*)
+
+__all__ = [
+    "FormatError", "backend_info", "compress", "compress_batch", "compressed_size", "decompress",
+    "decompress_batch", "inspect", "max_compressed_size", "trim",
+]

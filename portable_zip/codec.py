@@ -1,0 +1,204 @@
+"""compress / decompress / inspect over torch tensors, CPU or GPU."""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+
+from . import _C
+from ._dtypes import CODECS, code_of, dtype_of
+
+FormatError = _C.FormatError
+MAX_HEADER_BYTES = 32 + 8 * 16
+MAX_DIMS = 16
+
+
+def _threads(threads: Optional[int]) -> int:
+    return torch.get_num_threads() if threads is None else int(threads)
+
+
+def _check_tensor(t, what: str) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{what} must be a torch.Tensor, got {type(t).__name__}")
+    if not t.is_contiguous():
+        raise ValueError(f"{what} must be contiguous (strides {tuple(t.stride())} for shape {tuple(t.shape)}); "
+                         "call .contiguous() first")
+    if t.dim() > MAX_DIMS:
+        raise ValueError(f"{what} has {t.dim()} dimensions; portable_zip supports at most {MAX_DIMS}")
+    if t.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"{what} is on device {t.device}; portable_zip handles cpu and cuda (CUDA or ROCm) tensors")
+    if t.device.type == "cuda" and not _C.has_gpu():
+        raise ValueError(f"{what} is a GPU tensor but this portable_zip build is CPU-only (backend {_C.backend!r}); "
+                         "rebuild with nvcc or hipcc available")
+
+
+def _plan(t: torch.Tensor):
+    return code_of(t.dtype), t.numel(), list(t.shape)
+
+
+def max_compressed_size(numel: int, dtype: torch.dtype, ndim: Optional[int] = None) -> int:
+    """Worst-case stream bytes for numel elements of dtype (any shape of up to ndim dims)."""
+    if numel < 0:
+        raise ValueError(f"numel must be >= 0, got {numel}")
+    ndim = MAX_DIMS if ndim is None else ndim
+    if not 0 <= ndim <= MAX_DIMS:
+        raise ValueError(f"ndim must be in [0, {MAX_DIMS}], got {ndim}")
+    shape = [1] * ndim
+    if ndim:
+        shape[0] = numel
+    elif numel != 1:
+        raise ValueError("a 0-dimensional tensor has exactly one element")
+    return _C.max_compressed_size(code_of(dtype), numel, shape)
+
+
+def _stream() -> int:
+    return torch.cuda.current_stream().cuda_stream
+
+
+def _compress_padded(t: torch.Tensor, threads: Optional[int] = None) -> torch.Tensor:
+    """Compress into a buffer of max_compressed_size bytes; the header holds the true size."""
+    _check_tensor(t, "input")
+    code, numel, shape = _plan(t)
+    cap = _C.max_compressed_size(code, numel, shape)
+    out = torch.empty(cap, dtype=torch.uint8, device=t.device)
+    if t.device.type == "cpu":
+        _C.compress_cpu(t.data_ptr(), code, numel, shape, out.data_ptr(), _threads(threads))
+        return out
+    with torch.cuda.device(t.device):
+        head = _C.raw_header(code, numel, shape)
+        if head is not None:  # stored raw: header + the tensor's bytes, no kernel
+            out[: len(head)].copy_(torch.frombuffer(bytearray(head), dtype=torch.uint8), non_blocking=False)
+            if numel:
+                out[len(head):].copy_(t.reshape(-1).view(torch.uint8))
+            return out
+        ws = torch.empty(_C.compress_workspace_bytes(code, numel, shape), dtype=torch.uint8, device=t.device)
+        _C.compress_gpu(t.data_ptr(), code, numel, shape, out.data_ptr(), ws.data_ptr(), _stream())
+    return out
+
+
+def compressed_size(buf: torch.Tensor) -> int:
+    """Bytes of the stream in buf (reads its header; synchronizes for GPU buffers)."""
+    return int(_header(buf)[1]["total_bytes"])
+
+
+def _trim(buf: torch.Tensor) -> torch.Tensor:
+    return buf[: compressed_size(buf)].clone()
+
+
+def trim(buf: torch.Tensor) -> torch.Tensor:
+    """The exact-size stream from a padded buffer (a copy, so the padding is freed)."""
+    return _trim(buf)
+
+
+def compress(t: torch.Tensor, *, trim: Optional[bool] = None, threads: Optional[int] = None) -> torch.Tensor:
+    """Compress any tensor into a self-describing uint8 tensor on the same device.
+
+    On CPU the result is trimmed to the stream size. On GPU it is, by default,
+    the padded buffer (max_compressed_size bytes; no host synchronization); the
+    header carries the true size: see compressed_size(), trim() and inspect().
+    """
+    buf = _compress_padded(t, threads)
+    if trim is None:
+        trim = buf.device.type == "cpu"
+    return _trim(buf) if trim else buf
+
+
+def _header(buf) -> tuple:
+    if not isinstance(buf, torch.Tensor):
+        raise TypeError(f"stream must be a uint8 torch.Tensor, got {type(buf).__name__}")
+    if buf.dtype != torch.uint8 or buf.dim() != 1:
+        raise TypeError(f"stream must be a 1-D uint8 tensor, got {buf.dtype} with shape {tuple(buf.shape)}")
+    if not buf.is_contiguous():
+        raise ValueError("stream tensor must be contiguous")
+    n = min(buf.numel(), MAX_HEADER_BYTES)
+    head = bytes(buf[:n].cpu().numpy().tobytes())
+    return head, _C.parse_header(head, buf.numel())
+
+
+def decompress(buf: torch.Tensor, *, out: Optional[torch.Tensor] = None, threads: Optional[int] = None) -> torch.Tensor:
+    """Bit-exact inverse of compress: same dtype, shape and device (or into out)."""
+    head, info = _header(buf)
+    dtype = dtype_of(info["dtype"])
+    shape = tuple(info["shape"])
+    if out is None:
+        out = torch.empty(shape, dtype=dtype, device=buf.device)
+    else:
+        _check_tensor(out, "out")
+        if out.dtype != dtype or tuple(out.shape) != shape:
+            raise ValueError(f"out is {out.dtype}{list(out.shape)} but the stream holds {dtype}{list(shape)}")
+        if out.device != buf.device:
+            raise ValueError(f"out is on {out.device} but the stream is on {buf.device}")
+    if buf.device.type == "cpu":
+        _C.decompress_cpu(head, buf.data_ptr(), buf.numel(), out.data_ptr(), _threads(threads))
+        return out
+    _check_tensor(buf, "stream")
+    with torch.cuda.device(buf.device):
+        if CODECS[info["codec"]] == "raw":
+            if info["numel"]:
+                out.reshape(-1).view(torch.uint8).copy_(buf[info["raw_begin"]: info["raw_end"]])
+            return out
+        err = torch.zeros(1, dtype=torch.int32, device=buf.device)
+        _C.decompress_gpu(head, buf.data_ptr(), buf.numel(), out.data_ptr(), err.data_ptr(), _stream())
+        bits = int(err.item())
+    if bits:
+        raise FormatError(_C.decode_error_text(bits))
+    return out
+
+
+def inspect(buf: torch.Tensor) -> dict:
+    """Header fields and sizes of a stream, without decoding it."""
+    _, info = _header(buf)
+    dtype = dtype_of(info["dtype"])
+    original = info["numel"] * dtype.itemsize
+    total = info["total_bytes"]
+    return {
+        "format_version": info["version"],
+        "dtype": dtype,
+        "shape": tuple(info["shape"]),
+        "codec": CODECS[info["codec"]],
+        "compressed_bytes": total,
+        "original_bytes": original,
+        "ratio": total / original if original else 1.0,
+        "raw_bytes": info["raw_end"] - info["raw_begin"],
+        "coded_bytes": total - info["coded_begin"] if info["codec"] else 0,
+        "header_bytes": info["header_bytes"],
+        "blocks": info["nblocks"],
+        "block_symbols": info["block_symbols"],
+        "buffer_bytes": buf.numel(),
+    }
+
+
+def compress_batch(tensors: Sequence[torch.Tensor], *, trim: Optional[bool] = None,
+                   threads: Optional[int] = None) -> list:
+    """compress() over many tensors."""
+    return [compress(t, trim=trim, threads=threads) for t in tensors]
+
+
+def decompress_batch(bufs: Sequence[torch.Tensor], *, out: Optional[Sequence[torch.Tensor]] = None,
+                     threads: Optional[int] = None) -> list:
+    """decompress() over many streams, optionally into preallocated outputs."""
+    if out is not None and len(out) != len(bufs):
+        raise ValueError(f"got {len(bufs)} streams but {len(out)} outputs")
+    outs = out if out is not None else [None] * len(bufs)
+    return [decompress(b, out=o, threads=threads) for b, o in zip(bufs, outs)]
+
+
+def backend_info(device: Optional[int] = None) -> dict:
+    """Which backend this build has, its archs, and the device's warp size."""
+    from . import __version__
+
+    info = {
+        "backend": _C.backend,
+        "archs": _C.archs.split(","),
+        "version": __version__,
+        "format_version": _C.format_version,
+        "lanes": _C.lanes,
+        "torch": torch.__version__,
+        "warp_size": None,
+        "device": None,
+    }
+    if _C.has_gpu() and torch.cuda.is_available():
+        dev = torch.cuda.current_device() if device is None else device
+        warp, sms = _C.device_info(dev)
+        info.update(warp_size=warp, sm_count=sms, device=torch.cuda.get_device_name(dev))
+    return info

@@ -1,0 +1,31 @@
+"""torch.library registration, with fake implementations for torch.compile.
+
+The ops take the padded form (max_compressed_size bytes) so their output size
+depends only on the input's metadata. pz.compress/decompress call the same
+implementation directly, skipping the dispatcher on the hot path.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import codec
+
+
+@torch.library.custom_op("portable_zip::compress", mutates_args=())
+def compress_op(t: torch.Tensor) -> torch.Tensor:
+    return codec._compress_padded(t)
+
+
+@compress_op.register_fake
+def _(t):
+    return t.new_empty(codec.max_compressed_size(t.numel(), t.dtype, t.dim()), dtype=torch.uint8)
+
+
+@torch.library.custom_op("portable_zip::decompress_into", mutates_args=("out",))
+def decompress_into_op(buf: torch.Tensor, out: torch.Tensor) -> None:
+    codec.decompress(buf, out=out)
+
+
+@decompress_into_op.register_fake
+def _(buf, out):
+    return None
