@@ -1,0 +1,248 @@
+"""A small pure-numpy implementation of format v1 (docs/FORMAT.md).
+
+Written from the format description, independently of the C++ code, so tests
+can check the fast paths byte for byte against it. Slow: for small inputs.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+MAGIC = b"PZIP"
+VERSION = 1
+LANES = 32
+PROB_BITS = 12
+PROB_SCALE = 1 << PROB_BITS
+STATE_LOW = 1 << 16
+ALIGN = 16
+
+BF16, FP16, FP32, E4M3, E5M2 = 1, 2, 3, 4, 5
+CODED = {BF16, FP16, FP32, E4M3, E5M2}
+ELEM = {1: 2, 2: 2, 3: 4, 4: 1, 5: 1, 6: 8, 7: 1, 8: 1, 9: 2, 10: 4, 11: 8, 12: 1, 13: 8, 14: 16,
+        15: 1, 16: 1, 17: 2, 18: 4, 19: 8, 20: 4, 21: 1}
+
+
+def align(v: int, a: int = ALIGN) -> int:
+    return (v + a - 1) // a * a
+
+
+def nsym_of(dtype: int, numel: int) -> int:
+    return (numel + 1) // 2 if dtype in (E4M3, E5M2) else numel
+
+
+def block_log2_of(nsym: int) -> int:
+    lg = 12
+    while lg < 14 and (nsym >> (lg + 1)) >= 256:
+        lg += 1
+    return lg
+
+
+def split(dtype: int, data: np.ndarray):
+    """uint8 bytes -> (symbols, plane8, plane16 or None)."""
+    if dtype == BF16:
+        w = data.view("<u2").astype(np.uint32)
+        return (w >> 7 & 0xFF).astype(np.uint8), ((w >> 8 & 0x80) | (w & 0x7F)).astype(np.uint8), None
+    if dtype == FP16:
+        w = data.view("<u2").astype(np.uint32)
+        return (w >> 8).astype(np.uint8), (w & 0xFF).astype(np.uint8), None
+    if dtype == FP32:
+        w = data.view("<u4").astype(np.uint64)
+        return ((w >> 23) & 0xFF).astype(np.uint8), ((w >> 24 & 0x80) | (w >> 16 & 0x7F)).astype(np.uint8), \
+            (w & 0xFFFF).astype(np.uint16)
+    x = np.zeros(2 * nsym_of(dtype, data.size), np.uint8)
+    x[: data.size] = data
+    code, nib = (x >> 3) & 0xF, ((x >> 4) & 0x8) | (x & 0x7)
+    return (code[0::2] | code[1::2] << 4).astype(np.uint8), (nib[0::2] | nib[1::2] << 4).astype(np.uint8), None
+
+
+def join(dtype: int, numel: int, sym: np.ndarray, p8: np.ndarray, p16) -> bytes:
+    s, r = sym.astype(np.uint32), p8.astype(np.uint32)
+    if dtype == BF16:
+        return ((r & 0x80) << 8 | s << 7 | (r & 0x7F)).astype("<u2").tobytes()
+    if dtype == FP16:
+        return (s << 8 | r).astype("<u2").tobytes()
+    if dtype == FP32:
+        return ((r & 0x80) << 24 | s << 23 | (r & 0x7F) << 16 | p16.astype(np.uint32)).astype("<u4").tobytes()
+    out = np.empty(2 * s.size, np.uint32)
+    for half in (0, 1):
+        c, n = (s >> 4 * half) & 0xF, (r >> 4 * half) & 0xF
+        out[half::2] = (n & 8) << 4 | c << 3 | (n & 7)
+    return out.astype(np.uint8)[:numel].tobytes()
+
+
+def quantize(hist: np.ndarray, n: int) -> list:
+    freq = [0] * 256
+    total, best, best_c = 0, 0, 0
+    for s in range(256):
+        c = int(hist[s])
+        if c:
+            freq[s] = max(1, (c * PROB_SCALE + n // 2) // n)
+            if c > best_c:
+                best, best_c = s, c
+        total += freq[s]
+    d = PROB_SCALE - total
+    if d > 0:
+        freq[best] += d
+    while d < 0:
+        top = max(range(256), key=lambda s: (freq[s], -s))
+        take = min(-d, freq[top] - 1)
+        freq[top] -= take
+        d += take
+    return freq
+
+
+def varint(f: int) -> bytes:
+    return bytes([f]) if f < 128 else bytes([0x80 | f >> 8, f & 0xFF])
+
+
+def table_bytes(freq: list) -> bytes:
+    present = [s for s in range(256) if freq[s]]
+    lo, hi = present[0], present[-1]
+    rng = bytes([0, lo, hi]) + b"".join(varint(freq[s]) for s in range(lo, hi + 1))
+    bm = bytearray(32)
+    for s in present:
+        bm[s >> 3] |= 1 << (s & 7)
+    bitmap = bytes([1]) + bytes(bm) + b"".join(varint(freq[s]) for s in present)
+    return rng if len(rng) <= len(bitmap) else bitmap
+
+
+def encode_block(sym: np.ndarray) -> bytes:
+    n = sym.size
+    freq = quantize(np.bincount(sym, minlength=256), n)
+    table = table_bytes(freq)
+    cum = np.concatenate([[0], np.cumsum(freq)[:-1]]).astype(np.uint64)
+    f_arr = np.array(freq, np.uint64)
+    wpos = align(1 + len(table), 4)
+    prefix = wpos + 4 + 4 * LANES
+    stored = prefix >= 1 + n
+    x = np.full(LANES, STATE_LOW, np.uint64)
+    words = []
+    for base in range(0, n, LANES):
+        if stored:
+            break
+        s = sym[base: base + LANES]
+        k = s.size
+        f, c = f_arr[s], cum[s]
+        need = x[:k] >= (f << np.uint64(32 - PROB_BITS))
+        if prefix + 2 * (len(words) + int(need.sum())) >= 1 + n:
+            stored = True
+            break
+        words.extend(int(v) for v in (x[:k][need] & np.uint64(0xFFFF)))
+        xs = x[:k]
+        xs[need] >>= np.uint64(16)
+        x[:k] = (xs // f << np.uint64(PROB_BITS)) + xs % f + c
+    if stored:
+        seg = bytes([0]) + sym.tobytes()
+    else:
+        seg = bytes([1]) + table + bytes(wpos - 1 - len(table)) + np.uint32(len(words)).tobytes() + \
+            x.astype("<u4").tobytes() + np.array(words, "<u2").tobytes()
+    return seg + bytes(align(len(seg)) - len(seg))
+
+
+def header(dtype: int, codec: int, shape, numel: int, total: int, block_log2: int) -> bytes:
+    h = MAGIC + bytes([VERSION, dtype, codec, len(shape)]) + np.array([total, numel], "<u8").tobytes()
+    h += bytes([block_log2, PROB_BITS, LANES, 0, 0, 0, 0, 0]) + np.array(shape, "<i8").tobytes()
+    return h + bytes(align(len(h)) - len(h))
+
+
+def compress(data: bytes, dtype: int, shape) -> bytes:
+    """data: the tensor's bytes; dtype: format dtype code."""
+    numel = int(np.prod(shape, dtype=np.int64)) if len(shape) else 1
+    if dtype not in CODED or numel == 0:
+        head = header(dtype, 0, shape, numel, 0, 0)
+        return header(dtype, 0, shape, numel, len(head) + len(data), 0) + data
+    sym, p8, p16 = split(dtype, np.frombuffer(data, np.uint8))
+    nsym = sym.size
+    lg = block_log2_of(nsym)
+    nblocks = -(-nsym // (1 << lg))
+    head_len = len(header(dtype, 1, shape, numel, 0, lg))
+    raw = p8.tobytes()
+    if p16 is not None:
+        raw += bytes(align(head_len + len(raw)) - head_len - len(raw)) + p16.astype("<u2").tobytes()
+    raw += bytes(align(head_len + len(raw)) - head_len - len(raw))
+    segs = [encode_block(sym[b << lg: (b + 1) << lg]) for b in range(nblocks)]
+    offs = np.cumsum([len(s) for s in segs]).astype("<u8").tobytes()
+    offs += bytes(align(len(offs)) - len(offs))
+    coded = b"".join(segs)
+    total = head_len + len(raw) + len(offs) + len(coded)
+    return header(dtype, 1, shape, numel, total, lg) + raw + offs + coded
+
+
+def decompress(stream: bytes) -> tuple:
+    """-> (dtype code, shape, tensor bytes). Raises ValueError on any inconsistency."""
+    if stream[:4] != MAGIC or stream[4] != VERSION:
+        raise ValueError("not a v1 portable_zip stream")
+    dtype, codec, ndim = stream[5], stream[6], stream[7]
+    total, numel = np.frombuffer(stream[8:24], "<u8").tolist()
+    lg = stream[24]
+    shape = tuple(np.frombuffer(stream[32: 32 + 8 * ndim], "<i8").tolist())
+    raw_begin = align(32 + 8 * ndim)
+    if codec == 0:
+        return dtype, shape, stream[raw_begin: raw_begin + numel * ELEM[dtype]]
+    nsym = nsym_of(dtype, numel)
+    nblocks = -(-nsym // (1 << lg))
+    p8 = np.frombuffer(stream, np.uint8, nsym, raw_begin)
+    end = raw_begin + nsym
+    p16 = None
+    if dtype == FP32:
+        p16 = np.frombuffer(stream, "<u2", nsym, align(end))
+        end = align(end) + 2 * nsym
+    offs_begin = align(end)
+    offs = np.frombuffer(stream, "<u8", nblocks, offs_begin).tolist()
+    coded_begin = align(offs_begin + 8 * nblocks)
+    sym = np.empty(nsym, np.uint8)
+    for b in range(nblocks):
+        seg = stream[coded_begin + (offs[b - 1] if b else 0): coded_begin + offs[b]]
+        n = min(nsym, (b + 1) << lg) - (b << lg)
+        sym[b << lg: (b << lg) + n] = decode_block(seg, n)
+    return dtype, shape, join(dtype, numel, sym, p8, p16)
+
+
+def decode_block(seg: bytes, n: int) -> np.ndarray:
+    if seg[0] == 0:
+        return np.frombuffer(seg, np.uint8, n, 1)
+    pos, freq = 2, [0] * 256
+
+    def get():
+        nonlocal pos
+        v = seg[pos]
+        pos += 1
+        if v & 0x80:
+            v = (v & 0x7F) << 8 | seg[pos]
+            pos += 1
+        return v
+
+    if seg[1] == 0:
+        lo, hi = seg[2], seg[3]
+        pos = 4
+        for s in range(lo, hi + 1):
+            freq[s] = get()
+    else:
+        bm, pos = seg[2:34], 34
+        for s in range(256):
+            if bm[s >> 3] >> (s & 7) & 1:
+                freq[s] = get()
+    if sum(freq) != PROB_SCALE:
+        raise ValueError("bad table")
+    cum = np.concatenate([[0], np.cumsum(freq)[:-1]]).astype(np.uint64)
+    lookup = np.repeat(np.arange(256, dtype=np.uint8), freq)
+    wpos = align(pos, 4)
+    nwords = int(np.frombuffer(seg, "<u4", 1, wpos)[0])
+    x = np.frombuffer(seg, "<u4", LANES, wpos + 4).astype(np.uint64)
+    words = np.frombuffer(seg, "<u2", nwords, wpos + 4 + 4 * LANES).astype(np.uint64)
+    f_arr = np.array(freq, np.uint64)
+    out = np.empty(n, np.uint8)
+    rp = nwords
+    for base in reversed(range(0, n, LANES)):
+        k = min(LANES, n - base)
+        xs = x[:k]
+        s = lookup[(xs & np.uint64(PROB_SCALE - 1)).astype(np.int64)]
+        out[base: base + k] = s
+        xs = f_arr[s] * (xs >> np.uint64(PROB_BITS)) + (xs & np.uint64(PROB_SCALE - 1)) - cum[s]
+        need = xs < STATE_LOW
+        cnt = int(need.sum())
+        xs[need] = xs[need] << np.uint64(16) | words[rp - cnt: rp]
+        rp -= cnt
+        x[:k] = xs
+    if rp != 0 or not np.all(x == STATE_LOW):
+        raise ValueError("corrupted rANS data")
+    return out

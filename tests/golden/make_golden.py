@@ -1,0 +1,40 @@
+"""Regenerates the golden streams. Run only on purpose, with a format version bump:
+    python tests/golden/make_golden.py
+"""
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import portable_zip as pz
+
+HERE = Path(__file__).resolve().parent
+
+
+def cases():
+    rng = np.random.default_rng(20261130)
+    normal = lambda n, s: torch.from_numpy(rng.standard_normal(n, dtype=np.float32) * s)  # noqa: E731
+    yield "bf16_weights", normal(20_000, 0.02).to(torch.bfloat16).reshape(100, 200)
+    yield "bf16_uniform", torch.from_numpy(rng.uniform(-1, 1, 9_001).astype(np.float32)).to(torch.bfloat16)
+    yield "fp16_normal", normal(12_345, 1.0).to(torch.float16)
+    yield "fp32_normal", normal(10_000, 1.0).reshape(10, 10, 100)
+    yield "fp8_e4m3fn_odd", normal(7_777, 1.0).to(torch.float8_e4m3fn)
+    yield "fp8_e5m2_odd", normal(9_999, 1.0).to(torch.float8_e5m2)
+    yield "bf16_random_bits", torch.from_numpy(rng.integers(0, 2**16, 5_000, dtype=np.uint16).view(np.int16)).view(torch.bfloat16)
+    yield "int32_raw", torch.from_numpy(rng.integers(-1000, 1000, (33, 3), dtype=np.int32))
+    yield "fp16_empty", torch.empty(0, 4, dtype=torch.float16)
+    yield "bf16_scalar", torch.tensor(-2.5, dtype=torch.bfloat16)
+
+
+def main():
+    manifest = {}
+    for name, t in cases():
+        (HERE / f"{name}.in").write_bytes(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        (HERE / f"{name}.pz").write_bytes(pz.compress(t).numpy().tobytes())
+        manifest[name] = {"dtype": str(t.dtype).replace("torch.", ""), "shape": list(t.shape)}
+    (HERE / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,172 @@
+"""Bit-exact round trips on the CPU path, exhaustive where the space is small."""
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, strategies as st
+
+import portable_zip as pz
+from conftest import CODED_DTYPES, fresh_rng, random_bits, same_bits, weights
+
+
+def roundtrip(t: torch.Tensor, **kw) -> torch.Tensor:
+    buf = pz.compress(t, **kw)
+    assert buf.dtype == torch.uint8 and buf.dim() == 1
+    assert buf.numel() == pz.inspect(buf)["compressed_bytes"]
+    out = pz.decompress(buf)
+    assert same_bits(out, t), f"round trip changed bits for {t.dtype}{list(t.shape)}"
+    return buf
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_every_16bit_pattern(dtype):
+    rng = fresh_rng()
+    patterns = torch.arange(65536, dtype=torch.int32).to(torch.int16)
+    # In order, shuffled (mixing all patterns inside each block), and repeated
+    # across many blocks.
+    for perm in (np.arange(65536), rng.permutation(65536)):
+        t = patterns[torch.from_numpy(perm)].view(dtype)
+        roundtrip(t)
+    roundtrip(patterns.repeat(5).view(dtype)[rng.permutation(5 * 65536)])
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_every_fp8_pair(dtype):
+    rng = fresh_rng()
+    a, b = np.meshgrid(np.arange(256, dtype=np.uint8), np.arange(256, dtype=np.uint8), indexing="ij")
+    pairs = np.stack([a.ravel(), b.ravel()], axis=1)  # all 65,536 (x0, x1) pairs
+    for order in (np.arange(65536), rng.permutation(65536)):
+        roundtrip(torch.from_numpy(pairs[order].reshape(-1).copy()).view(dtype))
+    # Odd element count: the last element pairs with the implicit zero.
+    for last in range(256):
+        t = torch.from_numpy(np.array([rng.integers(0, 256), rng.integers(0, 256), last], np.uint8)).view(dtype)
+        roundtrip(t)
+
+
+def test_fp32_bit_patterns():
+    rng = fresh_rng()
+    specials = np.array([0, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00000, 0xFFC00001, 0x7F800001,
+                         0x7FBFFFFF, 0x00000001, 0x807FFFFF, 0x00800000, 0x7F7FFFFF], np.uint32)
+    bits = rng.integers(0, 2**32, size=300_000, dtype=np.uint32)
+    bits[rng.integers(0, bits.size, 5000)] = rng.choice(specials, 5000)
+    # NaNs with random payloads, subnormals of both signs.
+    bits[:1000] = 0x7F800000 | rng.integers(1, 1 << 23, 1000, dtype=np.uint32) | (rng.integers(0, 2, 1000, dtype=np.uint32) << 31)
+    bits[1000:2000] = rng.integers(1, 1 << 23, 1000, dtype=np.uint32) | (rng.integers(0, 2, 1000, dtype=np.uint32) << 31)
+    roundtrip(torch.from_numpy(bits.view(np.int32)).view(torch.float32))
+    roundtrip(torch.from_numpy(specials.view(np.int32)).view(torch.float32))
+
+
+@pytest.mark.parametrize("numel", [0, 1, 2, 3, 31, 32, 33, 4095, 4096, 4097, 65537, 1 << 20])
+def test_sizes(coded_dtype, numel):
+    rng = fresh_rng()
+    roundtrip(weights(rng, numel, coded_dtype))
+    roundtrip(random_bits(rng, numel, coded_dtype))
+
+
+shapes = st.lists(st.integers(0, 70), min_size=0, max_size=4).filter(lambda s: int(np.prod(s)) <= 200_000)
+
+
+@given(shape=shapes, dtype=st.sampled_from(CODED_DTYPES), scale=st.sampled_from([1e-30, 1e-3, 0.02, 1.0, 1e4]),
+       kind=st.sampled_from(["normal", "bits", "constant", "sparse"]), seed=st.integers(0, 2**32 - 1))
+def test_hypothesis_shapes(shape, dtype, scale, kind, seed):
+    rng = np.random.default_rng(seed)
+    n = int(np.prod(shape)) if shape else 1
+    if kind == "bits":
+        t = random_bits(rng, n, dtype)
+    elif kind == "constant":
+        t = torch.full((n,), scale).to(dtype)
+    else:
+        v = torch.from_numpy(rng.standard_normal(n, dtype=np.float32)) * scale
+        if kind == "sparse":
+            v[torch.from_numpy(rng.random(n) < 0.9)] = 0
+        t = v.to(dtype)
+    roundtrip(t.reshape(shape))
+
+
+@given(numel=st.integers(0, 300_000), odd=st.booleans(), seed=st.integers(0, 2**32 - 1),
+       dtype=st.sampled_from([torch.float8_e4m3fn, torch.float8_e5m2]))
+def test_hypothesis_fp8_sizes(numel, odd, seed, dtype):
+    numel = numel | 1 if odd else numel
+    roundtrip(weights(np.random.default_rng(seed), numel, dtype, 1.0))
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.bool,
+                                   torch.float64, torch.complex64, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz])
+def test_non_float_dtypes_stored_raw(dtype):
+    rng = fresh_rng()
+    t = random_bits(rng, 1001, dtype, (7, 11, 13)) if dtype != torch.bool else torch.from_numpy(rng.random(1001) < .5)
+    buf = roundtrip(t)
+    info = pz.inspect(buf)
+    assert info["codec"] == "raw" and info["dtype"] == dtype and info["shape"] == tuple(t.shape)
+
+
+def test_zero_dim_tensor(coded_dtype):
+    roundtrip(torch.tensor(1.5).to(coded_dtype))
+
+
+def test_random_bits_never_grow_past_bound(coded_dtype):
+    rng = fresh_rng()
+    for numel in (1, 1000, 4096 * 3 + 5, 1 << 20):
+        t = random_bits(rng, numel, coded_dtype)
+        buf = roundtrip(t)
+        bound = pz.max_compressed_size(numel, coded_dtype)
+        assert buf.numel() <= bound
+        nsym = (numel + 1) // 2 if coded_dtype.itemsize == 1 else numel
+        blocks = -(-nsym // 4096)
+        # Input + header (<= 32 + 8*16, padded) + per block: offset, mode byte, padding.
+        assert bound <= t.nbytes + 176 + 16 + 24 * blocks + 32
+
+
+def test_decode_truncated_to_reported_size(coded_dtype):
+    rng = fresh_rng()
+    t = weights(rng, 100_003, coded_dtype)
+    padded = pz.compress(t, trim=False)
+    assert padded.numel() == pz.max_compressed_size(t.numel(), t.dtype, t.dim())
+    size = pz.compressed_size(padded)
+    assert size < padded.numel()
+    exact = padded[:size].clone()
+    assert same_bits(pz.decompress(exact), t)
+    assert same_bits(pz.decompress(padded), t)
+    with pytest.raises(pz.FormatError, match="truncated"):
+        pz.decompress(padded[: size - 1].clone())
+
+
+def test_determinism_across_runs_and_threads(coded_dtype):
+    t = weights(fresh_rng(), 1_000_003, coded_dtype)
+    ref = pz.compress(t, threads=1)
+    for threads in (1, 2, 3, 7):
+        assert torch.equal(pz.compress(t, threads=threads), ref)
+    assert same_bits(pz.decompress(ref, threads=5), t)
+
+
+def test_decompress_into_out(coded_dtype):
+    t = weights(fresh_rng(), 12345, coded_dtype).reshape(5, 2469)
+    out = torch.empty_like(t)
+    res = pz.decompress(pz.compress(t), out=out)
+    assert res is out and same_bits(out, t)
+
+
+def test_batch_api(coded_dtype):
+    rng = fresh_rng()
+    ts = [weights(rng, n, coded_dtype) for n in (0, 1, 777, 70_000)]
+    bufs = pz.compress_batch(ts)
+    for t, r in zip(ts, pz.decompress_batch(bufs)):
+        assert same_bits(r, t)
+    outs = [torch.empty_like(t) for t in ts]
+    pz.decompress_batch(bufs, out=outs)
+    assert all(same_bits(o, t) for o, t in zip(outs, ts))
+
+
+def test_inspect_fields():
+    t = weights(fresh_rng(), 1 << 20, torch.bfloat16).reshape(1024, 1024)
+    info = pz.inspect(pz.compress(t))
+    assert info["format_version"] == 1 and info["codec"] == "rans"
+    assert info["dtype"] == torch.bfloat16 and info["shape"] == (1024, 1024)
+    assert info["original_bytes"] == t.nbytes
+    assert 0.6 < info["ratio"] < 0.68
+    assert info["raw_bytes"] == t.numel()  # one sign/mantissa byte per element
+
+
+def test_backend_info():
+    info = pz.backend_info()
+    assert info["backend"] in ("cpu", "cuda", "hip")
+    assert info["lanes"] == 32 and info["format_version"] == 1
