@@ -1,0 +1,71 @@
+"""python -m portable_zip {demo,bench,inspect}"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m portable_zip")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    d = sub.add_parser("demo", help="compress a model-shaped state dict and move it between two local processes")
+    d.add_argument("--layers", type=int, default=4)
+    d.add_argument("--hidden", type=int, default=1024)
+
+    b = sub.add_parser("bench", help="benchmarks")
+    b.add_argument("--codec", action="store_true", help="codec ratio and throughput")
+    b.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    b.add_argument("--size", default="64MiB", help="tensor sizes, comma-separated, e.g. 4MiB,64MiB")
+    b.add_argument("--reps", type=int, default=None)
+    b.add_argument("--json", default=None, help="write results to this JSON file")
+
+    i = sub.add_parser("inspect", help="print the header of a stream saved with tensor.numpy().tofile()")
+    i.add_argument("path")
+
+    args = p.parse_args(argv)
+    if args.cmd == "demo":
+        from .demo import run
+
+        return run(layers=args.layers, hidden=args.hidden)
+    if args.cmd == "bench":
+        if not args.codec:
+            p.error("bench needs --codec")
+        return _bench_codec(args)
+    return _inspect(args.path)
+
+
+def _bench_codec(args) -> int:
+    import torch
+
+    from .benchmarks import codec_rows, parse_size, print_table, write_json
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    reps = args.reps or (20 if device == "cuda" else 3)
+    rows = [r for size in args.size.split(",") for r in codec_rows(device, parse_size(size), reps)]
+    cols = ["tensor", "bytes", "ratio", "bound", "bar", "compress_GBps", "decompress_GBps", "compress_us",
+            "decompress_us"]
+    print_table(rows, cols, f"portable_zip codec on {device} (ratio = compressed/original; GB/s of input bytes)")
+    if args.json:
+        write_json(args.json, rows)
+    bad = [r["tensor"] for r in rows if r["ratio"] > r["bar"] and r["bytes"] >= 64 << 20]
+    if bad:
+        print(f"ratio bar missed: {', '.join(bad)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _inspect(path: str) -> int:
+    import numpy as np
+    import torch
+
+    import portable_zip as pz
+
+    buf = torch.from_numpy(np.fromfile(path, dtype=np.uint8))
+    for k, v in pz.inspect(buf).items():
+        print(f"{k:>16}: {v}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,163 @@
+"""Benchmark helpers: timing, machine metadata, tables and result files."""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from typing import Callable, Optional
+
+import numpy as np
+import torch
+
+import portable_zip as pz
+from .bench_data import BAR, TENSORS, exponent_entropy_bound, make_tensor
+
+
+def parse_size(s: str) -> int:
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    s = s.strip().upper().removesuffix("IB").removesuffix("B")
+    return int(float(s[:-1]) * units[s[-1]]) if s[-1] in units else int(s)
+
+
+def fmt_size(n: int) -> str:
+    for unit, k in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= k:
+            return f"{n / k:g} {unit}"
+    return f"{n} B"
+
+
+def median_time(fn: Callable[[int], None], device: str, reps: int, warmup: int = 3) -> float:
+    """Median seconds of fn(rep), timed with device events on GPU (after warm-up)."""
+    for i in range(warmup):
+        fn(i)
+    times = []
+    if device == "cuda":
+        torch.cuda.synchronize()
+        for i in range(reps):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn(i)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+    else:
+        for i in range(reps):
+            t0 = time.perf_counter()
+            fn(i)
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def machine_info() -> dict:
+    info = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join([os.path.basename(sys.executable), "-m", "portable_zip"] + sys.argv[1:])
+        if sys.argv and sys.argv[0].endswith("__main__.py") else " ".join(sys.argv),
+        "commit": os.environ.get("PZ_COMMIT") or _git_commit(),
+        "portable_zip": pz.__version__,
+        "backend": pz.backend_info(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "cpu": platform.processor() or platform.machine(),
+        "cpu_threads": torch.get_num_threads(),
+    }
+    info["backend"]["archs"] = ",".join(info["backend"]["archs"])
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name()
+        info["cuda"] = torch.version.cuda
+        info["driver"] = _nvidia_smi("driver_version")
+    return info
+
+
+def _git_commit() -> Optional[str]:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
+                              cwd=os.path.dirname(__file__)).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def _nvidia_smi(field: str) -> Optional[str]:
+    try:
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={field}", "--format=csv,noheader"],
+                             capture_output=True, text=True, check=True).stdout
+        return out.strip().splitlines()[0]
+    except (OSError, subprocess.CalledProcessError, IndexError):
+        return None
+
+
+def codec_rows(device: str, nbytes: int, reps: int, names=None, seed=None) -> list:
+    """Ratio next to its bound, and compress/decompress GB/s of input bytes."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size if device == "cuda" else 0
+    for name in names or TENSORS:
+        # Rotate among distinct inputs whose total exceeds 3x L2 so no rep hits cache.
+        copies = max(1, -(-3 * l2 // nbytes)) if device == "cuda" else 1
+        inputs = [make_tensor(name, nbytes, rng, device) for _ in range(copies)]
+        bufs = [pz.compress(t) for t in inputs]
+        for t, b in zip(inputs, bufs):
+            assert torch.equal(pz.decompress(b).view(torch.uint8), t.view(torch.uint8)), name
+        ratio = pz.inspect(bufs[0])["ratio"]
+        outs = [torch.empty_like(t) for t in inputs]
+        tc = median_time(lambda i: pz.compress(inputs[i % copies], trim=False), device, reps)
+        if device == "cuda":
+            heads = [_decoder_launch(b, o) for b, o in zip(bufs, outs)]
+            td = median_time(lambda i: heads[i % copies](), device, reps)
+        else:
+            td = median_time(lambda i: pz.decompress(bufs[i % copies], out=outs[i % copies]), device, reps)
+        rows.append({
+            "tensor": name, "dtype": str(inputs[0].dtype).replace("torch.", ""), "bytes": nbytes,
+            "device": device, "ratio": ratio, "bound": exponent_entropy_bound(inputs[0]), "bar": BAR[name],
+            "compress_GBps": nbytes / tc / 1e9, "decompress_GBps": nbytes / td / 1e9,
+            "compress_us": tc * 1e6, "decompress_us": td * 1e6, "reps": reps,
+        })
+    return rows
+
+
+def _decoder_launch(buf, out):
+    """The decode launch of decompress(), with the header already parsed and the
+    error flag left on the device: times the kernel, not the header read-back."""
+    from . import codec, _C
+
+    head, _ = codec._header(buf)
+    err = torch.zeros(1, dtype=torch.int32, device=buf.device)
+    return lambda: _C.decompress_gpu(head, buf.data_ptr(), buf.numel(), out.data_ptr(), err.data_ptr(),
+                                     codec._stream())
+
+
+def print_table(rows: list, columns: list, title: str) -> None:
+    try:
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(title=title)
+        for c in columns:
+            table.add_column(c)
+        for r in rows:
+            table.add_row(*[_cell(r[c]) for c in columns])
+        Console(width=160).print(table)
+    except ImportError:
+        print(title)
+        print(" | ".join(columns))
+        for r in rows:
+            print(" | ".join(_cell(r[c]) for c in columns))
+
+
+def _cell(v) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def write_json(path: str, rows: list, extra: Optional[dict] = None) -> None:
+    doc = {"machine": machine_info(), "rows": rows}
+    if extra:
+        doc.update(extra)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=1, default=str)
+        f.write("\n")

@@ -1,0 +1,105 @@
+"""GPU suite (ci/gpu on the GPU machine): the CPU suite's checks on device
+tensors, plus byte equality with the CPU codec in both directions."""
+import numpy as np
+import pytest
+import torch
+
+import portable_zip as pz
+from conftest import CODED_DTYPES, fresh_rng, random_bits, same_bits, weights
+from test_fuzz import fuzz, make_streams
+
+pytestmark = pytest.mark.gpu
+if not (torch.cuda.is_available() and pz.backend_info()["backend"] in ("cuda", "hip")):
+    pytest.skip("needs a GPU build and a GPU", allow_module_level=True)
+
+DEV = "cuda"
+
+
+def gpu_roundtrip(t_cpu: torch.Tensor) -> None:
+    t = t_cpu.to(DEV)
+    padded = pz.compress(t)
+    gpu_stream = pz.trim(padded)
+    cpu_stream = pz.compress(t_cpu)
+    assert torch.equal(gpu_stream.cpu(), cpu_stream), f"GPU and CPU bytes differ for {t.dtype}{list(t.shape)}"
+    assert same_bits(pz.decompress(padded).cpu(), t_cpu)          # GPU decodes GPU
+    assert same_bits(pz.decompress(gpu_stream.cpu()), t_cpu)      # CPU decodes GPU
+    assert same_bits(pz.decompress(cpu_stream.to(DEV)).cpu(), t_cpu)  # GPU decodes CPU
+
+
+@pytest.mark.parametrize("numel", [0, 1, 33, 4097, 65537, 1 << 20, (1 << 22) + 3])
+def test_gpu_sizes(coded_dtype, numel):
+    rng = fresh_rng()
+    gpu_roundtrip(weights(rng, numel, coded_dtype))
+    gpu_roundtrip(random_bits(rng, numel, coded_dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gpu_every_16bit_pattern(dtype):
+    p = torch.arange(65536, dtype=torch.int32).to(torch.int16)
+    gpu_roundtrip(p.view(dtype))
+    gpu_roundtrip(p.repeat(7)[torch.from_numpy(fresh_rng().permutation(7 * 65536))].view(dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_gpu_every_fp8_pair(dtype):
+    a, b = np.meshgrid(np.arange(256, dtype=np.uint8), np.arange(256, dtype=np.uint8), indexing="ij")
+    pairs = np.stack([a.ravel(), b.ravel()], axis=1)[fresh_rng().permutation(65536)]
+    gpu_roundtrip(torch.from_numpy(pairs.reshape(-1).copy()).view(dtype))
+    gpu_roundtrip(torch.from_numpy(pairs.reshape(-1)[:-1].copy()).view(dtype))  # odd count
+
+
+def test_gpu_fp32_bits():
+    gpu_roundtrip(random_bits(fresh_rng(), 500_001, torch.float32))
+
+
+def test_gpu_shapes_and_raw_dtypes():
+    rng = fresh_rng()
+    gpu_roundtrip(weights(rng, 3 * 5 * 7 * 11, torch.bfloat16).reshape(3, 5, 7, 11))
+    gpu_roundtrip(torch.tensor(0.5, dtype=torch.float16))
+    for dtype in (torch.int32, torch.uint8, torch.float64, torch.float8_e4m3fnuz):
+        gpu_roundtrip(random_bits(rng, 10_001, dtype))
+
+
+def test_gpu_deterministic():
+    t = weights(fresh_rng(), 16 << 20, torch.bfloat16).to(DEV)
+    first = pz.trim(pz.compress(t))
+    for _ in range(5):
+        assert torch.equal(pz.trim(pz.compress(t)), first)
+
+
+def test_gpu_decompress_into_out(coded_dtype):
+    t = weights(fresh_rng(), 300_001, coded_dtype).to(DEV)
+    out = torch.empty_like(t)
+    assert pz.decompress(pz.compress(t), out=out) is out and same_bits(out, t)
+
+
+def test_gpu_errors():
+    t = weights(fresh_rng(), 1000, torch.bfloat16)
+    with pytest.raises(ValueError, match="is on"):
+        pz.decompress(pz.compress(t.to(DEV)), out=torch.empty_like(t))
+    with pytest.raises(ValueError, match="contiguous"):
+        pz.compress(t.to(DEV).reshape(10, 100).t())
+
+
+def test_gpu_mutated_streams():
+    rng = fresh_rng()
+    count = int(__import__("os").environ.get("PZ_GPU_FUZZ", "3000"))
+    outcomes = fuzz(make_streams(rng, DEV), rng, count, DEV)
+    assert outcomes["error"] > count // 4 and outcomes["decoded"] > 0, outcomes
+    # The device is still healthy after hostile input.
+    gpu_roundtrip(weights(rng, 100_000, torch.bfloat16))
+
+
+@pytest.mark.slow
+def test_gpu_over_4gib():
+    n = (5 << 30) // 2  # 5 GiB of bf16: offsets and sizes past 32 bits
+    t = (torch.randn(n, device=DEV) * 0.02).to(torch.bfloat16)
+    buf = pz.compress(t)
+    info = pz.inspect(buf)
+    assert info["compressed_bytes"] > 1 << 32 and info["ratio"] < 0.68
+    out = pz.decompress(buf)
+    assert torch.equal(out.view(torch.int16), t.view(torch.int16))
+    del out
+    # The last blocks' bytes agree with the CPU codec on the same tail.
+    tail = t[-(1 << 20):].cpu()
+    assert torch.equal(pz.trim(pz.compress(tail.to(DEV))).cpu(), pz.compress(tail))
