@@ -13,7 +13,8 @@ static int fail(rt::Error e, const char* what) {
 
 uint64_t gpu_compress_workspace_bytes(const fmt::Header& h) {
   const fmt::Layout l = fmt::layout_of(h);
-  return 8 * l.nblocks + 16;  // look-back status words + ticket counter
+  const uint64_t ctas = (l.nblocks + gpu::kGroupsPerCta - 1) / gpu::kGroupsPerCta;
+  return 8 * ctas + 16;  // look-back status word per CTA + ticket counter
 }
 
 int gpu_compress(const uint8_t* in, const fmt::Header& h, uint8_t* out, void* workspace, void* stream) {
@@ -30,11 +31,11 @@ int gpu_compress(const uint8_t* in, const fmt::Header& h, uint8_t* out, void* wo
   p.in = in;
   p.out = out;
   p.status = static_cast<uint64_t*>(workspace);
-  p.ticket = reinterpret_cast<uint32_t*>(static_cast<uint8_t*>(workspace) + 8 * l.nblocks);
+  const uint64_t grid = (l.nblocks + gpu::kGroupsPerCta - 1) / gpu::kGroupsPerCta;
+  p.ticket = reinterpret_cast<uint32_t*>(static_cast<uint8_t*>(workspace) + 8 * grid);
   p.h = h;
   fmt::write_header(h, p.header);
   const uint64_t smem = gpu::kGroupsPerCta * gpu::compress_smem_per_group(h.block_log2);
-  const uint64_t grid = (l.nblocks + gpu::kGroupsPerCta - 1) / gpu::kGroupsPerCta;
   const int rc = PZ_DISPATCH_CODED_DTYPE(h.dtype, D, [&] {
     auto kernel = gpu::compress_kernel<D>;
     rt::Error err = rt::set_max_dynamic_smem(kernel, static_cast<int>(smem));

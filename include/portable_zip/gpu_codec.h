@@ -19,8 +19,8 @@ static_assert(kCtaThreads % PZ_MAX_WARP_SIZE == 0, "a CTA must fill whole wave64
 struct CompressParams {
   const uint8_t* in;
   uint8_t* out;
-  uint64_t* status;   // nblocks look-back words, zeroed
-  uint32_t* ticket;   // zeroed; hands out block indices in launch order
+  uint64_t* status;   // one look-back word per CTA, zeroed
+  uint32_t* ticket;   // zeroed; hands out CTA tickets in launch order
   fmt::Header h;
   uint8_t header[fmt::kMaxHeaderBytes + fmt::kAlign];  // pre-serialized, total left 0
 };
@@ -72,25 +72,18 @@ PZ_DEVICE inline uint64_t lookback(uint64_t* status, uint64_t b, uint64_t size) 
   return excl;
 }
 
+// Encodes block b into the group's staging buffer (split, histogram, table,
+// rANS, stored fallback) and writes its raw planes. Returns the padded size.
 template <fmt::DType D>
-PZ_GLOBAL void __launch_bounds__(kCtaThreads) compress_kernel(CompressParams p) {
+PZ_DEVICE uint64_t encode_block(const CompressParams& p, const fmt::Layout& l, uint64_t b, uint8_t* base) {
   using T = FloatTraits<D>;
   constexpr bool plane16 = fmt::has_plane16(D);
-  extern __shared__ __align__(16) uint8_t smem[];
   const fmt::Header& h = p.h;
-  const fmt::Layout l = fmt::layout_of(h);
   const int lane = group_lane();
-  const int group = static_cast<int>(threadIdx.x) / fmt::kLanes;
-  uint8_t* base = smem + group * compress_smem_per_group(h.block_log2);
   uint32_t* hist = reinterpret_cast<uint32_t*>(base);
   uint32_t* encsym = hist + 256;
   uint16_t* freq = reinterpret_cast<uint16_t*>(encsym + 256);
   uint8_t* buf = reinterpret_cast<uint8_t*>(freq + 256);
-
-  uint32_t ticket = 0;
-  if (lane == 0) ticket = atomic_add<Scope::Device>(p.ticket, 1u);
-  const uint64_t b = group_shfl(ticket, 0);
-  if (b >= l.nblocks) return;
   const uint64_t first = b << h.block_log2;
   const uint32_t n = fmt::block_symbols(h, l, b);
 
@@ -135,6 +128,7 @@ PZ_GLOBAL void __launch_bounds__(kCtaThreads) compress_kernel(CompressParams p) 
     words += count;
     if (valid) x = rans::enc_put(x, es & 0xffff, es >> 16);
   }
+  group_sync();  // the table bytes (lane 0) are overwritten below in stored mode
   uint64_t used;
   if (stored) {
     if (lane == 0) buf[0] = fmt::kModeStored;
@@ -153,15 +147,49 @@ PZ_GLOBAL void __launch_bounds__(kCtaThreads) compress_kernel(CompressParams p) 
   const uint64_t padded = fmt::align_up(used, fmt::kAlign);
   for (uint64_t i = used + lane; i < padded; i += fmt::kLanes) buf[i] = 0;
   group_sync();
+  return padded;
+}
 
-  const uint64_t excl = lookback(p.status, b, padded);
+// One CTA takes a ticket and encodes blocks ticket*kGroupsPerCta + group. The
+// look-back runs per CTA, by group 0 only: on wave64 both groups share one
+// wave, so no group may spin on a result its wave-mate has yet to produce.
+template <fmt::DType D>
+PZ_GLOBAL void __launch_bounds__(kCtaThreads) compress_kernel(CompressParams p) {
+  constexpr bool plane16 = fmt::has_plane16(D);
+  extern __shared__ __align__(16) uint8_t smem[];
+  __shared__ uint32_t cta_ticket;
+  __shared__ uint64_t cta_size[kGroupsPerCta];
+  __shared__ uint64_t cta_excl;
+  const fmt::Header& h = p.h;
+  const fmt::Layout l = fmt::layout_of(h);
+  const int lane = group_lane();
+  const int group = static_cast<int>(threadIdx.x) / fmt::kLanes;
+  uint8_t* base = smem + group * compress_smem_per_group(h.block_log2);
+  uint8_t* buf = base + 4 * 256 + 4 * 256 + 2 * 256;
+
+  if (threadIdx.x == 0) cta_ticket = atomic_add<Scope::Device>(p.ticket, 1u);
+  __syncthreads();
+  const uint64_t ticket = cta_ticket;
+  const uint64_t b = ticket * kGroupsPerCta + group;
+  const bool active = b < l.nblocks;
+  const uint64_t padded = active ? encode_block<D>(p, l, b, base) : 0;
+  if (lane == 0) cta_size[group] = padded;
+  __syncthreads();
+  if (group == 0) {
+    uint64_t agg = 0;
+    for (int g = 0; g < kGroupsPerCta; ++g) agg += cta_size[g];
+    const uint64_t excl = lookback(p.status, ticket, agg);
+    if (lane == 0) cta_excl = excl;
+  }
+  __syncthreads();
+  if (!active) return;
+  uint64_t excl = cta_excl;
+  for (int g = 0; g < group; ++g) excl += cta_size[g];
+
   uint8_t* dst = p.out + l.coded_begin + excl;
   for (uint64_t i = lane; i < padded / 16; i += fmt::kLanes)
     reinterpret_cast<uint4*>(dst)[i] = reinterpret_cast<const uint4*>(buf)[i];
-  if (lane == 0) {
-    uint8_t* o = p.out + l.offsets_begin + 8 * b;
-    *reinterpret_cast<uint64_t*>(o) = excl + padded;
-  }
+  if (lane == 0) *reinterpret_cast<uint64_t*>(p.out + l.offsets_begin + 8 * b) = excl + padded;
   if (b == 0) {
     // Header (minus the total, which the last block owns) and the zero gaps.
     for (uint64_t i = lane; i < l.raw_begin; i += fmt::kLanes)
