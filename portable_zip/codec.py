@@ -5,7 +5,11 @@ from typing import Optional, Sequence
 
 import torch
 
-from . import _C
+try:
+    from . import _C
+except ImportError as e:  # imported from a source checkout that has no built extension
+    raise ImportError("portable_zip's compiled extension is missing: install the package (pip install .) and "
+                      "import it from outside the source tree (or run python -P)") from e
 from ._dtypes import CODECS, code_of, dtype_of
 
 FormatError = _C.FormatError
