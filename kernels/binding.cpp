@@ -90,6 +90,19 @@ NB_MODULE(_C, m) {
 
   m.def("decode_error_text", &decode_error_text);
 
+  // Region offsets that depend only on dtype, numel and ndim: what a peer can
+  // post receives for before it sees the stream's header.
+  m.def("stream_layout", [](int dtype, uint64_t numel, const std::vector<int64_t>& shape) {
+    const fmt::Header h = plan(dtype, numel, shape);
+    const fmt::Layout l = fmt::layout_of(h);
+    nb::dict d;
+    d["coded"] = h.codec == fmt::Codec::Rans;
+    d["raw_begin"] = l.raw_begin;
+    d["raw_end"] = l.raw_end;
+    d["max_total"] = fmt::max_stream_bytes(h);
+    return d;
+  });
+
   // Header bytes (up to the payload) of a stream stored raw, or None when the
   // tensor is entropy-coded: lets GPU callers store raw tensors with copies only.
   m.def("raw_header", [](int dtype, uint64_t numel, const std::vector<int64_t>& shape) -> nb::object {

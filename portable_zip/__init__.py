@@ -14,8 +14,9 @@ from .codec import (  # noqa: E402
     trim,
 )
 from . import ops  # noqa: E402,F401  (registers torch.ops.portable_zip.*)
+from .comm import Communicator, MismatchError, PeerError, PeerTimeout, ReduceOp, Work  # noqa: E402
 
 __all__ = [
-    "FormatError", "backend_info", "compress", "compress_batch", "compressed_size", "decompress",
+    "Communicator", "MismatchError", "PeerError", "PeerTimeout", "ReduceOp", "Work", "FormatError", "backend_info", "compress", "compress_batch", "compressed_size", "decompress",
     "decompress_batch", "inspect", "max_compressed_size", "trim",
 ]

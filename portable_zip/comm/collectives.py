@@ -1,0 +1,140 @@
+"""Collective algorithms over the wire protocol (compressed or raw transfers),
+and the native torch.distributed collectives used when compression does not pay.
+
+Reductions are two-shot and deterministic: shard j is reduced by rank j alone,
+in rank order, then distributed as bytes, so every rank ends bit-identical."""
+from __future__ import annotations
+
+import enum
+import math
+from typing import List, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+
+from .transport import Transport, as_bytes
+from .wire import Result, exchange
+
+
+class ReduceOp(enum.Enum):
+    SUM = "sum"
+    AVG = "avg"
+    MIN = "min"
+    MAX = "max"
+
+    @classmethod
+    def of(cls, op) -> "ReduceOp":
+        if isinstance(op, cls):
+            return op
+        name = getattr(op, "name", None) or str(op).split(".")[-1]
+        try:
+            return cls[name.upper()]
+        except KeyError:
+            raise ValueError(f"unsupported reduction op {op!r}: use SUM, AVG, MIN or MAX") from None
+
+    def native(self):
+        return {ReduceOp.SUM: dist.ReduceOp.SUM, ReduceOp.AVG: dist.ReduceOp.AVG,
+                ReduceOp.MIN: dist.ReduceOp.MIN, ReduceOp.MAX: dist.ReduceOp.MAX}[self]
+
+
+def even_bounds(numel: int, parts: int) -> List[tuple]:
+    """Contiguous shards as even as possible, the first numel % parts one longer."""
+    base, extra = divmod(numel, parts)
+    out, start = [], 0
+    for j in range(parts):
+        end = start + base + (j < extra)
+        out.append((start, end))
+        start = end
+    return out
+
+
+def reduce_local(chunks: Sequence[torch.Tensor], op: ReduceOp) -> torch.Tensor:
+    """Reduce in rank order, accumulating 16-bit floats in fp32, one rounding at the end."""
+    dtype = chunks[0].dtype
+    wide = torch.float64 if dtype == torch.float64 else torch.float32
+    acc = chunks[0].to(wide)
+    for c in chunks[1:]:
+        c = c.to(wide)
+        if op in (ReduceOp.SUM, ReduceOp.AVG):
+            acc = acc + c
+        elif op == ReduceOp.MIN:
+            acc = torch.minimum(acc, c)
+        else:
+            acc = torch.maximum(acc, c)
+    if op == ReduceOp.AVG:
+        acc = acc / len(chunks)
+    return acc.to(dtype)
+
+
+# --- the compressed (or raw, with coded=False) algorithms -------------------
+
+def broadcast(tp: Transport, t, src, coded, timeout) -> Result:
+    if tp.rank == src:
+        return exchange(tp, {j: t for j in range(tp.world) if j != src}, {}, coded, timeout)
+    return exchange(tp, {}, {src: t}, coded, timeout)
+
+
+def all_gather(tp: Transport, out, inp, coded, timeout) -> Result:
+    chunks = out.reshape(-1).chunk(tp.world) if inp.numel() else [out.reshape(-1)[:0]] * tp.world
+    chunks[tp.rank].copy_(inp.reshape(-1))
+    peers = [j for j in range(tp.world) if j != tp.rank]
+    return exchange(tp, {j: inp for j in peers}, {j: chunks[j] for j in peers}, coded, timeout)
+
+
+def reduce_scatter(tp: Transport, out, inp, op: ReduceOp, coded, timeout, bounds=None) -> Result:
+    flat = inp.reshape(-1)
+    bounds = bounds or even_bounds(flat.numel(), tp.world)
+    me = tp.rank
+    lo, hi = bounds[me]
+    peers = [j for j in range(tp.world) if j != me]
+    bufs = {j: torch.empty(hi - lo, dtype=inp.dtype, device=inp.device) for j in peers}
+    res = exchange(tp, {j: flat[bounds[j][0]: bounds[j][1]] for j in peers}, bufs, coded, timeout)
+    parts = [flat[lo:hi] if j == me else bufs[j] for j in range(tp.world)]
+    out.reshape(-1).copy_(reduce_local(parts, op))
+    return res
+
+
+def all_reduce(tp: Transport, t, op: ReduceOp, coded, timeout) -> tuple:
+    flat = t.reshape(-1)
+    bounds = even_bounds(flat.numel(), tp.world)
+    lo, hi = bounds[tp.rank]
+    mine = torch.empty(hi - lo, dtype=t.dtype, device=t.device)
+    rs = reduce_scatter(tp, mine, flat, op, coded, timeout, bounds)
+    peers = [j for j in range(tp.world) if j != tp.rank]
+    flat[lo:hi].copy_(mine)
+    ag = exchange(tp, {j: mine for j in peers}, {j: flat[bounds[j][0]: bounds[j][1]] for j in peers}, coded,
+                  timeout)
+    return rs, ag
+
+
+def all_to_all(tp: Transport, out, inp, out_splits, in_splits, coded, timeout) -> Result:
+    src_chunks = _split_rows(inp, in_splits, tp.world)
+    dst_chunks = _split_rows(out, out_splits, tp.world)
+    me = tp.rank
+    dst_chunks[me].copy_(src_chunks[me])
+    peers = [j for j in range(tp.world) if j != me]
+    return exchange(tp, {j: src_chunks[j] for j in peers}, {j: dst_chunks[j] for j in peers}, coded, timeout)
+
+
+def rows(t: torch.Tensor) -> torch.Tensor:
+    """t as (dim 0, everything else): the unit all_to_all splits."""
+    return t.reshape(t.shape[0], math.prod(t.shape[1:]))
+
+
+def _split_rows(t: torch.Tensor, splits: Optional[Sequence[int]], world: int) -> List[torch.Tensor]:
+    flat_rows = rows(t)
+    if splits is None:
+        splits = [flat_rows.shape[0] // world] * world
+    return [c.reshape(-1) for c in torch.split(flat_rows, list(splits), dim=0)]
+
+
+# --- native collectives: uint8 views where the op only moves bytes ---
+
+# torch 2.13 renamed all_gather_into_tensor / reduce_scatter_tensor to *_single.
+all_gather_native = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+reduce_scatter_native = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+def _row_bytes(t: torch.Tensor) -> torch.Tensor:
+    r = rows(t)
+    return r.view(torch.uint8) if r.shape[1] else torch.empty(r.shape[0], 0, dtype=torch.uint8, device=t.device)

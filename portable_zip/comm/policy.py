@@ -1,0 +1,179 @@
+"""Cost model that picks, per op, dtype and size, between the native
+(uncompressed) collective and the compressed plan.
+
+Link: alpha (latency) + beta (seconds per byte), measured once per group with
+a ring exchange. Codec: measured compress/decompress throughput per dtype on
+this device. Ratio: a running estimate per dtype. All inputs that feed a
+collective's decision are agreed across ranks (the slowest rank's figures), so
+every rank picks the same plan. Overrides: arguments or PZ_LINK_GBPS,
+PZ_LINK_LATENCY_US, PZ_CODEC_GBPS, PZ_POLICY_MARGIN.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Dict, Optional
+
+import torch
+import torch.distributed as dist
+
+from .. import codec
+from .transport import Transport
+
+CODED = (torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn, torch.float8_e5m2)
+PRIOR_RATIO = {torch.bfloat16: 0.67, torch.float16: 0.85, torch.float32: 0.84,
+               torch.float8_e4m3fn: 0.78, torch.float8_e5m2: 0.70}
+_CACHE: Dict[tuple, "Calibration"] = {}
+
+
+@dataclass
+class Calibration:
+    alpha: float                      # seconds per message round
+    beta: float                       # seconds per byte on one link
+    compress: Dict[torch.dtype, float] = field(default_factory=dict)    # seconds per input byte
+    decompress: Dict[torch.dtype, float] = field(default_factory=dict)
+    source: str = "measured"
+
+    def describe(self) -> str:
+        bf = torch.bfloat16
+        return (f"link {1e-9 / self.beta if self.beta else float('inf'):.2f} GB/s, {self.alpha * 1e6:.1f} us; "
+                f"bf16 codec {1e-9 / self.compress.get(bf, 1e-30):.1f}/{1e-9 / self.decompress.get(bf, 1e-30):.1f} "
+                f"GB/s ({self.source})")
+
+
+def _env_float(name: str) -> Optional[float]:
+    v = os.environ.get(name)
+    return float(v) if v else None
+
+
+class Policy:
+    def __init__(self, link_gbps: Optional[float] = None, latency_us: Optional[float] = None,
+                 codec_gbps: Optional[float] = None, margin: Optional[float] = None):
+        self.link_gbps = link_gbps if link_gbps is not None else _env_float("PZ_LINK_GBPS")
+        self.latency_us = latency_us if latency_us is not None else _env_float("PZ_LINK_LATENCY_US")
+        self.codec_gbps = codec_gbps if codec_gbps is not None else _env_float("PZ_CODEC_GBPS")
+        m = margin if margin is not None else _env_float("PZ_POLICY_MARGIN")
+        self.margin = 0.05 if m is None else m
+        self.ratio = dict(PRIOR_RATIO)
+        self.cal: Optional[Calibration] = None
+
+    # --- calibration -----------------------------------------------------
+    def calibrate(self, tp: Transport, group) -> Calibration:
+        key = (tp.name, tp.world, str(tp.device.type), id(group), self.link_gbps, self.latency_us, self.codec_gbps)
+        if key in _CACHE:
+            self.cal = _CACHE[key]
+            return self.cal
+        alpha, beta = self._measure_link(tp)
+        if self.link_gbps:
+            beta = 1e-9 / self.link_gbps
+        if self.latency_us is not None:
+            alpha = self.latency_us * 1e-6
+        comp, decomp = {}, {}
+        for dt in CODED:
+            if self.codec_gbps:
+                comp[dt] = decomp[dt] = 1e-9 / self.codec_gbps
+            else:
+                comp[dt], decomp[dt] = self._measure_codec(dt, tp.device)
+        # Agree on the slowest rank's figures so every rank decides alike.
+        vec = torch.tensor([alpha, beta] + [comp[d] for d in CODED] + [decomp[d] for d in CODED],
+                           dtype=torch.float64, device=tp.device)
+        if tp.world > 1:
+            dist.all_reduce(vec, op=dist.ReduceOp.MAX, group=group)
+        v = vec.tolist()
+        n = len(CODED)
+        source = "overridden" if (self.link_gbps and self.codec_gbps) else "measured"
+        self.cal = Calibration(v[0], v[1], dict(zip(CODED, v[2:2 + n])), dict(zip(CODED, v[2 + n:])), source)
+        _CACHE[key] = self.cal
+        return self.cal
+
+    @staticmethod
+    def _measure_link(tp: Transport):
+        if tp.world == 1:
+            return 0.0, 0.0
+        small, big = (64 << 10, 16 << 20) if tp.device.type == "cuda" else (16 << 10, 2 << 20)
+        nxt, prv = (tp.rank + 1) % tp.world, (tp.rank - 1) % tp.world
+        times = {}
+        for size in (small, big):
+            a = torch.empty(size, dtype=torch.uint8, device=tp.device)
+            b = torch.empty(size, dtype=torch.uint8, device=tp.device)
+            best = float("inf")
+            for _ in range(3):
+                _sync(tp.device)
+                t0 = time.perf_counter()
+                tp.wait(tp.post([("send", a, nxt), ("recv", b, prv)]), 60.0)
+                _sync(tp.device)
+                best = min(best, time.perf_counter() - t0)
+            times[size] = best
+        beta = max((times[big] - times[small]) / (big - small), 1e-13)
+        alpha = max(times[small] - small * beta, 0.0)
+        return alpha, beta
+
+    @staticmethod
+    def _measure_codec(dtype: torch.dtype, device: torch.device):
+        nbytes = (32 << 20) if device.type == "cuda" else (1 << 20)
+        n = nbytes // torch.empty(0, dtype=dtype).element_size()
+        g = torch.Generator(device="cpu").manual_seed(0)
+        t = (torch.randn(n, generator=g) * 0.02).to(dtype).to(device)
+        buf = codec._compress_padded(t)  # warm-up (and module load on GPU)
+        out = torch.empty_like(t)
+        codec.decompress(buf, out=out)
+        best_c = best_d = float("inf")
+        for _ in range(2):
+            _sync(device)
+            t0 = time.perf_counter()
+            buf = codec._compress_padded(t)
+            _sync(device)
+            t1 = time.perf_counter()
+            codec.decompress(buf, out=out)
+            _sync(device)
+            t2 = time.perf_counter()
+            best_c, best_d = min(best_c, t1 - t0), min(best_d, t2 - t1)
+        return best_c / nbytes, best_d / nbytes
+
+    # --- decisions ---------------------------------------------------------
+    def predict(self, op: str, dtype: torch.dtype, nbytes: int, world: int):
+        """(native seconds, compressed seconds) for this rank."""
+        c = self.cal
+        a, b = c.alpha, c.beta
+        r = self.ratio.get(dtype, 1.0)
+        cc, cd = c.compress.get(dtype, 0.0), c.decompress.get(dtype, 0.0)
+        w1 = max(world - 1, 1)
+        if op in ("send", "recv"):
+            return a + nbytes * b, nbytes * (cc + cd) + 3 * a + r * nbytes * b
+        if op == "broadcast":
+            return a * w1.bit_length() + nbytes * b, nbytes * (cc + cd) + 2 * a + w1 * r * nbytes * b
+        if op == "all_gather":
+            return w1 * (a + nbytes * b), nbytes * cc + 2 * a + w1 * (r * nbytes * b + nbytes * cd)
+        s = nbytes / max(world, 1)
+        one_phase_native = w1 * (a + s * b)
+        one_phase_coded = w1 * s * (cc + cd + r * b) + 2 * a
+        if op == "all_to_all":
+            return one_phase_native, one_phase_coded
+        if op == "reduce_scatter":
+            return one_phase_native, one_phase_coded + nbytes * 1e-11
+        if op == "all_reduce":
+            return 2 * one_phase_native, one_phase_coded + (s * cc + 2 * a + w1 * s * (r * b + cd))
+        raise ValueError(f"unknown op {op}")
+
+    def choose(self, op: str, dtype: torch.dtype, nbytes: int, world: int) -> str:
+        if dtype not in CODED or nbytes == 0 or world == 1:
+            return "native"
+        native, coded = self.predict(op, dtype, nbytes, world)
+        return "compressed" if coded < native * (1 - self.margin) else "native"
+
+    def observe(self, streams) -> None:
+        """Update the running ratio from streams every rank saw alike."""
+        per: Dict[torch.dtype, list] = {}
+        for dtype, numel, total in streams:
+            acc = per.setdefault(dtype, [0, 0])
+            acc[0] += int(total)
+            acc[1] += int(numel) * torch.empty(0, dtype=dtype).element_size()
+        for dtype, (wire, raw) in per.items():
+            if raw:
+                self.ratio[dtype] = 0.5 * self.ratio.get(dtype, 1.0) + 0.5 * (wire / raw)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

@@ -1,0 +1,82 @@
+"""The transport seam: post sends and receives of device or host buffers to
+peers, then wait. Everything above it (wire protocol, collectives) is
+transport-neutral; libfabric and UCCL transports implement the same three
+methods."""
+from __future__ import annotations
+
+import datetime
+import time
+from typing import List, Protocol, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+
+from .errors import PeerError, PeerTimeout
+
+Op = Tuple[str, torch.Tensor, int]  # ("send" | "recv", contiguous tensor, peer rank in the group)
+
+
+class Transport(Protocol):
+    name: str
+    rank: int
+    world: int
+    device: torch.device
+
+    def post(self, ops: Sequence[Op]) -> object: ...
+
+    def wait(self, pending: object, timeout: float) -> None: ...
+
+
+def as_bytes(t: torch.Tensor) -> torch.Tensor:
+    """A uint8 view of a contiguous tensor: every backend moves every dtype."""
+    return t.reshape(-1).view(torch.uint8) if t.dtype != torch.uint8 else t.reshape(-1)
+
+
+class TorchDistTransport:
+    """Point-to-point over an initialized torch.distributed group: NCCL on
+    CUDA, RCCL on ROCm (torch's "nccl" backend), gloo on CPU."""
+
+    def __init__(self, group=None):
+        self.group = group if group is not None else dist.group.WORLD
+        self.backend = str(dist.get_backend(self.group))
+        self.rank = dist.get_rank(self.group)
+        self.world = dist.get_world_size(self.group)
+        self.name = f"torch.distributed/{self.backend}"
+        if self.backend == "nccl":
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        else:
+            self.device = torch.device("cpu")
+        self._global = [dist.get_global_rank(self.group, r) if self.group is not dist.group.WORLD else r
+                        for r in range(self.world)]
+
+    def post(self, ops: Sequence[Op]) -> List[object]:
+        p2p = [dist.P2POp(dist.isend if kind == "send" else dist.irecv, as_bytes(t), self._global[peer], self.group)
+               for kind, t, peer in ops if t.numel()]
+        if not p2p:
+            return []
+        try:
+            return dist.batch_isend_irecv(p2p)
+        except RuntimeError as e:
+            raise PeerError(f"{self.name}: posting {len(p2p)} transfers failed: {e}") from e
+
+    def wait(self, works: List[object], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        for w in works:
+            try:
+                if self.backend == "gloo":
+                    left = max(deadline - time.monotonic(), 0.001)
+                    w.wait(datetime.timedelta(seconds=left))
+                    continue
+                # NCCL: wait() only orders streams, so poll completion for the deadline.
+                while not w.is_completed():
+                    if time.monotonic() > deadline:
+                        raise PeerTimeout(f"{self.name}: a peer did not answer within {timeout:g} s")
+                    time.sleep(20e-6)
+                w.wait()
+            except PeerError:
+                raise
+            except RuntimeError as e:
+                msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+                if "timed out" in msg.lower() or "timeout" in msg.lower():
+                    raise PeerTimeout(f"{self.name}: a peer did not answer within {timeout:g} s ({msg})") from e
+                raise PeerError(f"{self.name}: transfer failed, peer likely dead ({msg})") from e

@@ -1,0 +1,65 @@
+"""Multi-process tests of pz.Communicator on gloo: every op, every dtype,
+world sizes 2-4, async handles, and failures bounded in time."""
+import numpy as np
+import pytest
+
+import comm_harness
+import comm_workers
+
+
+def ok(results):
+    bad = {r: v for r, v in results.items() if v[0] != "ok"}
+    assert not bad, "\n".join(f"rank {r}: {s}: {v}" for r, (s, v) in bad.items())
+    return {r: v[1] for r, v in results.items()}
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_every_op_every_dtype(world):
+    seed = int(np.random.default_rng().integers(0, 2**31))  # fresh inputs every run
+    sizes = [0, 1, 3, 4097, 20_001]
+    passed = ok(comm_harness.run(world, comm_workers.battery, seed, sizes, deadline=600))
+    # 4 moving ops x 2 modes for 5 dtypes, + 4 reduction ops x 2 kinds for 3 dtypes, per size;
+    # + 2 integer-valued checks per reduction op and dtype (AVG only for world 2 and 4).
+    expected = len(sizes) * (4 * 2 * 5 + 4 * 2 * 3) + 2 * 3 * (4 if world in (2, 4) else 3)
+    assert all(n == expected for n in passed.values()), (seed, expected, passed)
+
+
+def test_auto_policy():
+    backends = ok(comm_harness.run(2, comm_workers.auto_policy))
+    assert "gloo" in backends[0]
+
+
+def test_dead_peer_raises_within_timeout():
+    res = comm_harness.run(3, comm_workers.dead_peer, 5.0, deadline=60)
+    for r in (0, 1):
+        assert res[r][0] == "ok", res[r]
+        elapsed, kind, msg = res[r][1]
+        assert elapsed < 15, (elapsed, msg)
+        assert kind in ("PeerError", "PeerTimeout"), msg
+
+
+def test_silent_peer_times_out():
+    res = comm_harness.run(2, comm_workers.hung_peer, 2.0, deadline=60)
+    assert res[0][0] == "ok", res[0]
+    elapsed, msg = res[0][1]
+    assert 1.5 < elapsed < 10, elapsed
+    assert "did not answer" in msg
+
+
+@pytest.mark.parametrize("kind,pattern", [
+    ("p2p_size", "mismatch.*bfloat16\\[100\\].*bfloat16\\[99\\]"),
+    ("p2p_dtype", "mismatch.*bfloat16\\[100\\].*float16\\[100\\]"),
+    ("collective_size", "numel 10[01]"),
+    ("collective_dtype", "dtype"),
+    ("version", "version mismatch"),
+    ("p2p_version", "version mismatch"),
+    ("fp8_reduce", "not defined for torch.float8_e4m3fn"),
+])
+def test_mismatch_raises_on_both_sides(kind, pattern):
+    import re
+
+    res = ok(comm_harness.run(2, comm_workers.mismatch, kind, deadline=60))
+    for r in (0, 1):
+        name, msg = res[r]
+        assert name in ("MismatchError", "TypeError"), msg
+        assert re.search(pattern, msg), (r, msg)
