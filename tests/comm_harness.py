@@ -13,12 +13,16 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _entry(fn, rank, world, port, queue, args):
+def _entry(fn, rank, world, port, queue, args, backend):
+    import torch
     import torch.distributed as dist
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     try:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+        if backend == "nccl":
+            torch.cuda.set_device(rank)
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=120))
         queue.put((rank, "ok", fn(rank, world, *args)))
     except BaseException as e:  # noqa: BLE001 - report everything to the parent
@@ -29,13 +33,13 @@ def _entry(fn, rank, world, port, queue, args):
         os._exit(0)  # skip gloo teardown, which can block when a peer is gone
 
 
-def run(world: int, fn, *args, deadline: float = 240.0) -> dict:
+def run(world: int, fn, *args, deadline: float = 240.0, backend: str = "gloo") -> dict:
     """{rank: ("ok", value) | ("error", text)}; a rank that reports nothing by
     the deadline is killed and reported as ("hung", "")."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_entry, args=(fn, r, world, port, queue, args), daemon=True) for r in range(world)]
+    procs = [ctx.Process(target=_entry, args=(fn, r, world, port, queue, args, backend), daemon=True) for r in range(world)]
     for p in procs:
         p.start()
     results = {}

@@ -12,11 +12,20 @@ DTYPES = [torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn, tor
 REDUCIBLE = [torch.bfloat16, torch.float16, torch.float32]
 
 
+def device():
+    """cuda:rank on NCCL groups, cpu on gloo."""
+    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+
+
+def empty(*shape, dtype):
+    return torch.empty(*shape, dtype=dtype, device=device())
+
+
 def data(seed, rank, case, numel, dtype, integer=False):
     """The tensor rank `rank` contributes to case `case`: any rank can rebuild it."""
     rng = np.random.default_rng([seed, rank, case])
     v = rng.integers(-8, 9, numel).astype(np.float32) if integer else rng.standard_normal(numel, dtype=np.float32) * 0.02
-    return torch.from_numpy(v).to(dtype)
+    return torch.from_numpy(v).to(dtype).to(device())
 
 
 def bits(t):
@@ -44,25 +53,25 @@ def battery(rank, world, seed, sizes):
             for mode, comm in comms.items():
                 # Ring send/recv, posted async so no rank blocks the ring.
                 nxt, prv = (rank + 1) % world, (rank - 1) % world
-                got = torch.empty(numel, dtype=dtype)
+                got = empty(numel, dtype=dtype)
                 w1 = comm.isend(data(seed, rank, case, numel, dtype), nxt)
                 w2 = comm.irecv(got, prv)
                 w1.wait(), w2.wait()
                 check(same(got, data(seed, prv, case, numel, dtype)), f"send/recv {mode} {dtype} {numel}")
                 # Broadcast.
                 src = case % world
-                t = data(seed, src, case, numel, dtype) if rank == src else torch.empty(numel, dtype=dtype)
+                t = data(seed, src, case, numel, dtype) if rank == src else empty(numel, dtype=dtype)
                 comm.broadcast(t, src)
                 check(same(t, data(seed, src, case, numel, dtype)), f"broadcast {mode} {dtype} {numel}")
                 # All-gather.
-                out = torch.empty(world * numel, dtype=dtype)
+                out = empty(world * numel, dtype=dtype)
                 comm.all_gather_single(out, data(seed, rank, case, numel, dtype))
                 want = torch.cat([data(seed, r, case, numel, dtype) for r in range(world)])
                 check(same(out, want), f"all_gather {mode} {dtype} {numel}")
                 # Uneven all_to_all over rows of 3 elements.
                 splits = [[(i + j + case) % 4 * (numel % 7 + 1) for j in range(world)] for i in range(world)]
                 inp = data(seed, rank, case, sum(splits[rank]) * 3, dtype).reshape(-1, 3)
-                out = torch.empty(sum(splits[j][rank] for j in range(world)), 3, dtype=dtype)
+                out = empty(sum(splits[j][rank] for j in range(world)), 3, dtype=dtype)
                 comm.all_to_all_single(out, inp, [splits[j][rank] for j in range(world)], splits[rank])
                 want = torch.cat([data(seed, j, case, sum(splits[j]) * 3, dtype).reshape(-1, 3)
                                   [sum(splits[j][:rank]): sum(splits[j][:rank + 1])] for j in range(world)])
@@ -73,7 +82,7 @@ def battery(rank, world, seed, sizes):
                         t = data(seed, rank, case, numel, dtype)
                         comm.all_reduce(t, op=op)
                         results[(mode, "all_reduce", op)] = t
-                        out = torch.empty(numel, dtype=dtype)
+                        out = empty(numel, dtype=dtype)
                         comm.reduce_scatter_single(out, data(seed, rank, case, world * numel, dtype), op=op)
                         results[(mode, "reduce_scatter", op)] = out
             # Compressed and raw runs of the same algorithm agree bit for bit.
@@ -94,7 +103,7 @@ def battery(rank, world, seed, sizes):
             theirs = mine.clone()
             dist.all_reduce(theirs, op=op.native())
             check(same(ours, theirs), f"integer all_reduce {op} {dtype} differs from torch.distributed")
-            everyone = torch.empty(world * ours.numel(), dtype=dtype)
+            everyone = empty(world * ours.numel(), dtype=dtype)
             (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(everyone, ours)
             check(all(same(c, ours) for c in everyone.chunk(world)), "ranks ended with different bytes")
             passed += 2
@@ -108,7 +117,7 @@ def auto_policy(rank, world):
     """compress="auto" on a CPU/gloo group: the codec is slower than loopback, so
     the policy must pick the native plan; overrides flip it."""
     comm = pz.Communicator(compress="auto", timeout=60)
-    t = torch.randn(1 << 20).to(torch.bfloat16)
+    t = torch.randn(1 << 20).to(torch.bfloat16).to(device())
     ref = t.clone()
     comm.all_reduce(t)
     dist.all_reduce(ref)
@@ -116,7 +125,7 @@ def auto_policy(rank, world):
     check(same(t, ref), "native plan must equal torch.distributed")
     # A slow link (0.05 GB/s) with a fast codec makes compression pay.
     slow = pz.Communicator(compress="auto", timeout=60, link_gbps=0.05, latency_us=50, codec_gbps=50)
-    out = torch.empty(world * t.numel(), dtype=t.dtype)
+    out = empty(world * t.numel(), dtype=t.dtype)
     slow.all_gather_single(out, t)
     check(slow.stats["all_gather"]["plans"] == {"compressed": 1}, f"auto on slow link: {slow.stats}")
     check(all(same(c, t) for c in out.chunk(world)), "all_gather result")
@@ -131,7 +140,7 @@ def dead_peer(rank, world, timeout):
     time.sleep(0.5)
     t0 = time.monotonic()
     try:
-        comm.all_reduce(torch.randn(100_000).to(torch.bfloat16))
+        comm.all_reduce(torch.randn(100_000).to(torch.bfloat16).to(device()))
     except pz.PeerError as e:
         return time.monotonic() - t0, type(e).__name__, str(e)
     raise AssertionError("all_reduce with a dead peer returned")
@@ -145,7 +154,7 @@ def hung_peer(rank, world, timeout):
         return None
     t0 = time.monotonic()
     try:
-        comm.recv(torch.empty(1000, dtype=torch.bfloat16), 1)
+        comm.recv(empty(1000, dtype=torch.bfloat16), 1)
     except pz.PeerTimeout as e:
         return time.monotonic() - t0, str(e)
     raise AssertionError("recv from a silent peer returned")
@@ -159,30 +168,30 @@ def mismatch(rank, world, kind):
     try:
         if kind == "p2p_size":
             if rank == 0:
-                comm.send(torch.zeros(100, dtype=torch.bfloat16), 1)
+                comm.send(torch.zeros(100, dtype=torch.bfloat16, device=device()), 1)
             else:
-                comm.recv(torch.zeros(99, dtype=torch.bfloat16), 0)
+                comm.recv(torch.zeros(99, dtype=torch.bfloat16, device=device()), 0)
         elif kind == "p2p_dtype":
             if rank == 0:
-                comm.send(torch.zeros(100, dtype=torch.bfloat16), 1)
+                comm.send(torch.zeros(100, dtype=torch.bfloat16, device=device()), 1)
             else:
-                comm.recv(torch.zeros(100, dtype=torch.float16), 0)
+                comm.recv(torch.zeros(100, dtype=torch.float16, device=device()), 0)
         elif kind == "collective_size":
-            comm.all_reduce(torch.zeros(100 + rank, dtype=torch.float32))
+            comm.all_reduce(torch.zeros(100 + rank, dtype=torch.float32, device=device()))
         elif kind == "collective_dtype":
-            comm.all_gather_single(torch.empty(world * 10, dtype=DTYPES[rank]), torch.zeros(10, dtype=DTYPES[rank]))
+            comm.all_gather_single(empty(world * 10, dtype=DTYPES[rank]), torch.zeros(10, dtype=DTYPES[rank], device=device()))
         elif kind == "version":
             if rank == 1:
                 wire.WIRE_VERSION = cm.WIRE_VERSION = wire.WIRE_VERSION + (1 << 8)  # a peer on format v2
-            comm.all_gather_single(torch.empty(world * 10), torch.zeros(10))
+            comm.all_gather_single(empty(world * 10, dtype=torch.float32), torch.zeros(10, device=device()))
         elif kind == "p2p_version":
             if rank == 1:
                 wire.WIRE_VERSION = wire.WIRE_VERSION + (1 << 8)
-                comm.recv(torch.zeros(10), 0)
+                comm.recv(torch.zeros(10, device=device()), 0)
             else:
-                comm.send(torch.zeros(10), 1)
+                comm.send(torch.zeros(10, device=device()), 1)
         elif kind == "fp8_reduce":
-            comm.all_reduce(torch.zeros(10).to(torch.float8_e4m3fn))
+            comm.all_reduce(torch.zeros(10).to(torch.float8_e4m3fn).to(device()))
     except (pz.MismatchError, TypeError) as e:
         return type(e).__name__, str(e)
     raise AssertionError(f"{kind}: no error raised")

@@ -48,6 +48,13 @@ class Work:
 class Communicator:
     """Compressed collectives over an initialized torch.distributed group.
 
+    Compressed plans, and every op under compress="always" or "never", first
+    check dtype, size and format version with the peers, so a mismatch raises
+    MismatchError on every side. Ops that compress="auto" sends raw go straight
+    to torch.distributed with no extra round trip (the policy must never lose
+    to raw); a mismatch there surfaces as torch.distributed's error, or as
+    PeerTimeout, never as a hang.
+
     compress: "auto" (the cost model decides per op), "always", or "never".
     transport: "auto" or "torch" (torch.distributed p2p: NCCL, RCCL or gloo).
     timeout: seconds before a silent peer raises PeerTimeout (PZ_TIMEOUT, default 300).
@@ -81,6 +88,7 @@ class Communicator:
                             "plans": defaultdict(int)} for op in _OPS}
         dev = self.device
         self._pending = []
+        self._outstanding = []
         self._pool = concurrent.futures.ThreadPoolExecutor(
             1, thread_name_prefix="pz-comm",
             initializer=(lambda: torch.cuda.set_device(dev)) if dev.type == "cuda" else None)
@@ -105,11 +113,19 @@ class Communicator:
 
     def _submit(self, fn, async_op: bool):
         self._flush()  # pending isend/irecv go first, in posting order
+        if not async_op:
+            # Blocking: run on this thread (no thread hop) once earlier async ops are done.
+            self._drain()
+            fn()
+            return None
         fut = self._pool.submit(self._on_stream(fn))
-        if async_op:
-            return Work(fut)
-        fut.result()
-        return None
+        self._outstanding.append(fut)
+        return Work(fut)
+
+    def _drain(self) -> None:
+        """Wait for queued async ops (their errors stay with their Work handles)."""
+        while self._outstanding:
+            concurrent.futures.wait([self._outstanding.pop(0)])
 
     def _record(self, op, plan, t0, raw, wire):
         s = self._stats[op]
@@ -120,8 +136,10 @@ class Communicator:
         s["plans"][plan] += 1
 
     def _plan(self, op: str, dtype: torch.dtype, nbytes: int) -> str:
-        if self.compress == "never" or dtype not in CODED:
+        if self.compress == "never":
             return "raw"
+        if dtype not in CODED:
+            return "native" if self.compress == "auto" else "raw"
         if self.compress == "always":
             return "compressed"
         return self.policy.choose(op, dtype, nbytes, self.world)
@@ -191,10 +209,12 @@ class Communicator:
     # NCCL group semantics): ops posted before a wait() run as one exchange, so
     # a ring of isend + irecv cannot deadlock. Peers must post matching groups.
     def send(self, t: torch.Tensor, dst: int) -> None:
-        self.isend(t, dst).wait()
+        self.isend(t, dst)
+        self._flush(inline=True)
 
     def recv(self, t: torch.Tensor, src: int) -> None:
-        self.irecv(t, src).wait()
+        self.irecv(t, src)
+        self._flush(inline=True)
 
     def isend(self, t: torch.Tensor, dst: int) -> Work:
         self._check(t, "send tensor")
@@ -211,7 +231,7 @@ class Communicator:
         self._pending.append((kind, t, peer, fut))
         return Work(fut, self._flush)
 
-    def _flush(self) -> None:
+    def _flush(self, inline: bool = False) -> None:
         """Run the pending isend/irecv group on the worker, in rounds holding at
         most one send and one receive per peer (both sides split alike)."""
         pending, self._pending = self._pending, []
@@ -232,12 +252,23 @@ class Communicator:
                     sends = {p: t for (k, p), (t, _) in rnd.items() if k == "send"}
                     recvs = {p: t for (k, p), (t, _) in rnd.items() if k == "recv"}
                     t0 = time.perf_counter()
-                    coded = any(self._plan("send", t.dtype, t.nbytes) == "compressed" for t in sends.values())
-                    res = coll.exchange(self.tp, sends, recvs, coded, self.timeout)
+                    # Both sides derive each transfer's plan from agreed inputs alike.
+                    plans = {self._plan("send", t.dtype, t.nbytes) for t in [*sends.values(), *recvs.values()]}
+                    if plans == {"native"}:
+                        # Fast path: straight to torch.distributed, no extra round trip.
+                        ops = [("send", t, p) for p, t in sends.items()] + [("recv", t, p) for p, t in recvs.items()]
+                        self.tp.wait(self.tp.post(ops), self.timeout)
+                        raw = sum(t.nbytes for t in sends.values())
+                        res = coll.Result(raw, raw)
+                        plan = "native"
+                    else:
+                        coded = "compressed" in plans
+                        res = coll.exchange(self.tp, sends, recvs, coded, self.timeout)
+                        plan = "compressed" if coded else "raw"
                     if sends:
-                        self._record("send", "compressed" if coded else "raw", t0, res.raw_bytes, res.wire_bytes)
+                        self._record("send", plan, t0, res.raw_bytes, res.wire_bytes)
                     if recvs:
-                        self._record("recv", "compressed" if len(res.streams) > len(sends) else "raw", t0, 0, 0)
+                        self._record("recv", plan, t0, 0, 0)
             except BaseException as e:  # noqa: BLE001 - every op of the group fails alike
                 for rnd in rounds:
                     for _, fut in rnd.values():
@@ -247,7 +278,11 @@ class Communicator:
                 for _, fut in rnd.values():
                     fut.set_result(None)
 
-        self._pool.submit(self._on_stream(run))
+        if inline:
+            self._drain()
+            run()
+        else:
+            self._outstanding.append(self._pool.submit(self._on_stream(run)))
 
     def _peer(self, r: int) -> None:
         if not 0 <= r < self.world or r == self.rank:
@@ -262,13 +297,13 @@ class Communicator:
 
         def run():
             t0, plan = time.perf_counter(), self._plan("broadcast", t.dtype, t.nbytes)
-            self._agree("broadcast", plan, [code_of(t.dtype), t.numel(), src], same=[0, 1, 2])
             if plan == "native":
                 w = dist.broadcast(coll.as_bytes(t), dist.get_global_rank(self.group, src)
                                    if self.group is not dist.group.WORLD else src, group=self.group, async_op=True)
                 self._wait_native(w)
                 sent = t.nbytes * (self.world - 1) if self.rank == src else 0
                 return self._record("broadcast", plan, t0, sent, sent)
+            self._agree("broadcast", plan, [code_of(t.dtype), t.numel(), src], same=[0, 1, 2])
             res = coll.broadcast(self.tp, t, src, plan == "compressed", self.timeout)
             self.policy.observe(res.streams if self.rank != src else res.streams[:1])
             self._record("broadcast", plan, t0, res.raw_bytes, res.wire_bytes)
@@ -283,13 +318,13 @@ class Communicator:
 
         def run():
             t0, plan = time.perf_counter(), self._plan("all_gather", inp.dtype, inp.nbytes)
-            self._agree("all_gather", plan, [code_of(inp.dtype), inp.numel()], same=[0, 1])
             if plan == "native":
                 w = coll.all_gather_native(coll.as_bytes(out), coll.as_bytes(inp), group=self.group,
                                                 async_op=True)
                 self._wait_native(w)
                 sent = inp.nbytes * (self.world - 1)
                 return self._record("all_gather", plan, t0, sent, sent)
+            self._agree("all_gather", plan, [code_of(inp.dtype), inp.numel()], same=[0, 1])
             res = coll.all_gather(self.tp, out, inp, plan == "compressed", self.timeout)
             self.policy.observe(res.streams)
             self._record("all_gather", plan, t0, res.raw_bytes, res.wire_bytes)
@@ -307,13 +342,13 @@ class Communicator:
 
         def run():
             t0, plan = time.perf_counter(), self._plan("reduce_scatter", inp.dtype, inp.nbytes)
-            self._agree("reduce_scatter", plan, [code_of(inp.dtype), inp.numel(), list(ReduceOp).index(op)],
-                        same=[0, 1, 2])
             if plan == "native":
                 w = coll.reduce_scatter_native(out, inp, op=op.native(), group=self.group, async_op=True)
                 self._wait_native(w)
                 sent = out.nbytes * (self.world - 1)
                 return self._record("reduce_scatter", plan, t0, sent, sent)
+            self._agree("reduce_scatter", plan, [code_of(inp.dtype), inp.numel(), list(ReduceOp).index(op)],
+                        same=[0, 1, 2])
             res = coll.reduce_scatter(self.tp, out, inp, op, plan == "compressed", self.timeout)
             self._record("reduce_scatter", plan, t0, res.raw_bytes, res.wire_bytes)
         return self._submit(run, async_op)
@@ -326,12 +361,12 @@ class Communicator:
 
         def run():
             t0, plan = time.perf_counter(), self._plan("all_reduce", t.dtype, t.nbytes)
-            self._agree("all_reduce", plan, [code_of(t.dtype), t.numel(), list(ReduceOp).index(op)], same=[0, 1, 2])
             if plan == "native":
                 w = dist.all_reduce(t, op=op.native(), group=self.group, async_op=True)
                 self._wait_native(w)
                 sent = 2 * t.nbytes * (self.world - 1) // self.world
                 return self._record("all_reduce", plan, t0, sent, sent)
+            self._agree("all_reduce", plan, [code_of(t.dtype), t.numel(), list(ReduceOp).index(op)], same=[0, 1, 2])
             rs, ag = coll.all_reduce(self.tp, t, op, plan == "compressed", self.timeout)
             self.policy.observe(ag.streams)
             self._record("all_reduce", plan, t0, rs.raw_bytes + ag.raw_bytes, rs.wire_bytes + ag.wire_bytes)
@@ -351,18 +386,18 @@ class Communicator:
 
         def run():
             t0, plan = time.perf_counter(), self._plan("all_to_all", inp.dtype, inp.nbytes)
-            # Rank j's input split for rank i must equal rank i's output split from j.
-            rows = self._agree("all_to_all", plan, [code_of(inp.dtype), *in_splits, *out_splits], same=[0])
-            for j, row in enumerate(rows):
-                if row[5 + self.rank] != out_splits[j]:
-                    raise MismatchError(f"all_to_all split mismatch: rank {j} sends {row[5 + self.rank]} rows to "
-                                        f"rank {self.rank}, which expects {out_splits[j]}")
             if plan == "native":
                 work = dist.all_to_all_single(coll._row_bytes(out), coll._row_bytes(inp), out_splits, in_splits,
                                               group=self.group, async_op=True)
                 self._wait_native(work)
                 sent = inp.nbytes - in_splits[self.rank] * (inp.nbytes // max(inp.shape[0], 1))
                 return self._record("all_to_all", plan, t0, sent, sent)
+            # Rank j's input split for rank i must equal rank i's output split from j.
+            rows = self._agree("all_to_all", plan, [code_of(inp.dtype), *in_splits, *out_splits], same=[0])
+            for j, row in enumerate(rows):
+                if row[5 + self.rank] != out_splits[j]:
+                    raise MismatchError(f"all_to_all split mismatch: rank {j} sends {row[5 + self.rank]} rows to "
+                                        f"rank {self.rank}, which expects {out_splits[j]}")
             res = coll.all_to_all(self.tp, out, inp, out_splits, in_splits, plan == "compressed", self.timeout)
             self._record("all_to_all", plan, t0, res.raw_bytes, res.wire_bytes)
         return self._submit(run, async_op)

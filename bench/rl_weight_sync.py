@@ -1,0 +1,117 @@
+"""RL weight sync: rank 0 (trainer) sends a whole model-shaped bf16 state dict
+to rank 1 (inference), in flattened buckets, raw (torch.distributed) vs ours.
+
+    python bench/rl_weight_sync.py [--model 1b|8b] [--link nvlink-1ch] [--json out.json]
+"""
+import argparse
+import json
+import time
+
+import torch
+import torch.distributed as dist
+
+from portable_zip import comm_bench
+from portable_zip.benchmarks import machine_info
+
+MODELS = {  # hidden, layers, ffn, vocab, kv_heads, heads  (Llama-3.2-1B, Llama-3.1-8B)
+    "1b": (2048, 16, 8192, 128256, 8, 32),
+    "8b": (4096, 32, 14336, 128256, 8, 32),
+}
+
+
+def state_dict(model, device):
+    h, layers, ffn, vocab, kvh, heads = MODELS[model]
+    hd = h // heads
+    g = torch.Generator(device="cpu").manual_seed(0)
+
+    def w(*shape, std):
+        return (torch.randn(*shape, generator=g) * std).to(torch.bfloat16).to(device)
+
+    sd = {"embed": w(vocab, h, std=0.02)}
+    for i in range(layers):
+        sd[f"{i}.q"] = w(h, h, std=0.02)
+        sd[f"{i}.k"] = w(kvh * hd, h, std=0.02)
+        sd[f"{i}.v"] = w(kvh * hd, h, std=0.01)
+        sd[f"{i}.o"] = w(h, h, std=0.02 / (2 * layers) ** 0.5)
+        sd[f"{i}.gate"] = w(ffn, h, std=0.02)
+        sd[f"{i}.up"] = w(ffn, h, std=0.02)
+        sd[f"{i}.down"] = w(h, ffn, std=0.02 / (2 * layers) ** 0.5)
+        sd[f"{i}.ln1"] = (1 + w(h, std=0.1).float()).to(torch.bfloat16)
+        sd[f"{i}.ln2"] = (1 + w(h, std=0.1).float()).to(torch.bfloat16)
+    sd["norm"] = torch.ones(h, dtype=torch.bfloat16, device=device)
+    sd["lm_head"] = w(vocab, h, std=0.02)
+    return sd
+
+
+def buckets(tensors, cap):
+    out, cur, n = [], [], 0
+    for t in tensors:
+        if cur and n + t.numel() > cap:
+            out.append(cur)
+            cur, n = [], 0
+        cur.append(t)
+        n += t.numel()
+    return out + ([cur] if cur else [])
+
+
+def worker(rank, world, model, bucket_mib, reps):
+    import portable_zip as pz
+
+    device = torch.device("cuda", rank) if dist.get_backend() == "nccl" else torch.device("cpu")
+    sd = state_dict(model, device)
+    groups = buckets(list(sd.values()), bucket_mib << 19)
+    flat = [torch.cat([t.reshape(-1) for t in g]) for g in groups]  # the trainer's flattened buckets
+    recv = [torch.empty_like(f) for f in flat]
+    result = {"tensors": len(sd), "bytes": sum(f.nbytes for f in flat), "buckets": len(flat)}
+    for mode in ("torch", "auto", "always"):
+        comm = None if mode == "torch" else pz.Communicator(compress=mode)
+
+        def sync():
+            for f, r in zip(flat, recv):
+                if rank == 0:
+                    dist.send(f, 1) if comm is None else comm.send(f, 1)
+                else:
+                    dist.recv(r, 0) if comm is None else comm.recv(r, 0)
+
+        sync()
+        times = []
+        for _ in range(reps):
+            dist.barrier()
+            torch.cuda.synchronize() if device.type == "cuda" else None
+            t0 = time.perf_counter()
+            sync()
+            torch.cuda.synchronize() if device.type == "cuda" else None
+            el = torch.tensor([time.perf_counter() - t0], dtype=torch.float64, device=device)
+            dist.all_reduce(el, op=dist.ReduceOp.MAX)
+            times.append(el.item())
+        if rank == 1:
+            exact = all(torch.equal(a.view(torch.int16), b.view(torch.int16)) for a, b in zip(flat, recv))
+            assert exact, f"{mode}: received weights differ"
+        result[f"{mode}_ms"] = sorted(times)[len(times) // 2] * 1e3
+        if comm is not None and rank == 0:
+            s = comm.stats.get("send", {})
+            result[f"{mode}_ratio"] = s["wire_bytes"] / s["raw_bytes"] if s.get("raw_bytes") else 1.0
+            result[f"{mode}_plans"] = s.get("plans")
+    result["auto_speedup"] = result["torch_ms"] / result["auto_ms"]
+    result["always_speedup"] = result["torch_ms"] / result["always_ms"]
+    return result
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", default="1b", choices=sorted(MODELS))
+    p.add_argument("--link", default="nvlink-1ch", choices=sorted(comm_bench.LINKS))
+    p.add_argument("--bucket-mib", type=int, default=512)
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--json", default=None)
+    a = p.parse_args()
+    res = comm_bench.spawn(2, worker, a.model, a.bucket_mib, a.reps, env=comm_bench.LINKS[a.link])
+    res.update(model=a.model, link=a.link)
+    print(json.dumps(res, indent=1))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"machine": machine_info(), "result": res}, f, indent=1, default=str)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,154 @@
+"""Communication benchmarks between local GPUs (or CPU processes): ours
+(compress="auto" and "always") against plain torch.distributed, per link.
+
+Links between two GPUs of one host (settings from DESIGN.md):
+  nvlink-1ch  NCCL limited to one channel over NVLink, ~34 GB/s: NIC-like (primary)
+  socket      NCCL socket transport over loopback, ~4-8 GB/s: the slow extreme
+  nvlink      full NVLink, ~360 GB/s: auto must simply not lose
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import statistics
+import time
+import traceback
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+LINKS = {
+    "nvlink-1ch": {"NCCL_MAX_NCHANNELS": "1", "NCCL_MIN_NCHANNELS": "1"},
+    "socket": {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1", "NCCL_NET": "Socket", "NCCL_SOCKET_IFNAME": "lo",
+               "NCCL_IB_DISABLE": "1", "NCCL_SOCKET_NTHREADS": "4", "NCCL_NSOCKS_PERTHREAD": "4"},
+    "nvlink": {},
+}
+SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(rank, world, port, env, fn, args, queue):
+    os.environ.update(SAFE_ENV)
+    os.environ.update(env)
+    try:
+        use_gpu = torch.cuda.is_available() and torch.cuda.device_count() >= world
+        if use_gpu:
+            torch.cuda.set_device(rank)
+        dist.init_process_group("nccl" if use_gpu else "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=world, timeout=datetime.timedelta(seconds=300))
+        queue.put((rank, "ok", fn(rank, world, *args)))
+    except BaseException as e:  # noqa: BLE001
+        queue.put((rank, "error", f"{e}\n{traceback.format_exc()}"))
+    finally:
+        try:
+            dist.destroy_process_group()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def spawn(world: int, fn, *args, env=None, deadline: float = 580.0):
+    """Run fn(rank, world, *args) on `world` processes with the link's NCCL env; rank 0's result."""
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_entry, args=(r, world, port, env or {}, fn, args, queue)) for r in range(world)]
+    for p in procs:
+        p.start()
+    results = {}
+    end = time.monotonic() + deadline
+    while len(results) < world and time.monotonic() < end:
+        try:
+            r, status, value = queue.get(timeout=1.0)
+            results[r] = (status, value)
+        except Exception:  # noqa: BLE001 - queue.Empty
+            if not any(p.is_alive() for p in procs):
+                break
+    for p in procs:
+        p.join(timeout=10)
+        if p.is_alive():
+            p.kill()
+    errors = {r: v for r, (s, v) in results.items() if s != "ok"}
+    if errors or 0 not in results:
+        raise RuntimeError(f"benchmark workers failed: {errors or 'no result (hung)'}")
+    return results[0][1]
+
+
+def weights(numel: int, device, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    return (torch.randn(numel, generator=g) * 0.02).to(torch.bfloat16).to(device)
+
+
+def timed(fn, device, reps: int) -> float:
+    """Median over reps of the slowest rank's time for fn()."""
+    times = []
+    for _ in range(reps):
+        dist.barrier()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        el = torch.tensor([time.perf_counter() - t0], dtype=torch.float64, device=device)
+        dist.all_reduce(el, op=dist.ReduceOp.MAX)
+        times.append(el.item())
+    return statistics.median(times)
+
+
+def comm_worker(rank, world, sizes, ops, reps):
+    import portable_zip as pz
+
+    device = torch.device("cuda", rank) if torch.cuda.is_available() and dist.get_backend() == "nccl" else \
+        torch.device("cpu")
+    comms = {"auto": pz.Communicator(compress="auto"), "always": pz.Communicator(compress="always")}
+    rows = []
+    for size in sizes:
+        numel = size // 2
+        src = weights(numel, device, seed=rank)
+        for op in ops:
+            row = {"op": op, "bytes": size}
+            for mode in ("torch", "always", "auto"):
+                comm = comms.get(mode)
+                if op == "send_recv":
+                    buf = torch.empty_like(src)
+
+                    def fn():
+                        if mode == "torch":
+                            dist.send(src, 1) if rank == 0 else dist.recv(buf, 0)
+                        else:
+                            comm.send(src, 1) if rank == 0 else comm.recv(buf, 0)
+                elif op == "all_gather":
+                    out = torch.empty(world * numel, dtype=src.dtype, device=device)
+
+                    def fn():
+                        if mode == "torch":
+                            dist.all_gather_into_tensor(out, src)
+                        else:
+                            comm.all_gather_single(out, src)
+                else:  # all_reduce
+                    t = src.clone()
+
+                    def fn():
+                        if mode == "torch":
+                            dist.all_reduce(t)
+                        else:
+                            comm.all_reduce(t)
+                fn()  # warm-up
+                sec = timed(fn, device, reps)
+                row[f"{mode}_ms"] = sec * 1e3
+                row[f"{mode}_GBps"] = size / sec / 1e9
+                if mode == "auto":
+                    key = {"send_recv": "send", "all_gather": "all_gather", "all_reduce": "all_reduce"}[op]
+                    plans = comm.stats.get(key, {}).get("plans", {}) if rank == 0 else {}
+                    row["auto_plan"] = max(plans, key=plans.get) if plans else "recv-side"
+            rows.append(row)
+    cal = comms["auto"].policy.cal
+    return {"rows": rows, "calibration": cal.describe() if cal else None,
+            "ratio": {str(k): v for k, v in comms["always"].policy.ratio.items()}}
