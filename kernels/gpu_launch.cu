@@ -36,8 +36,10 @@ int gpu_compress(const uint8_t* in, const fmt::Header& h, uint8_t* out, void* wo
   p.h = h;
   fmt::write_header(h, p.header);
   const uint64_t smem = gpu::kGroupsPerCta * gpu::compress_smem_per_group(h.block_log2);
+  // 16-byte vector loads need a 16-byte-aligned input (a view may start anywhere).
+  const bool aligned = reinterpret_cast<uintptr_t>(in) % 16 == 0;
   const int rc = PZ_DISPATCH_CODED_DTYPE(h.dtype, D, [&] {
-    auto kernel = gpu::compress_kernel<D>;
+    auto kernel = aligned ? gpu::compress_kernel<D, true> : gpu::compress_kernel<D, false>;
     rt::Error err = rt::set_max_dynamic_smem(kernel, static_cast<int>(smem));
     if (err != rt::kSuccess) return fail(err, "raising the compress kernel's shared-memory limit");
     kernel<<<static_cast<unsigned>(grid), gpu::kCtaThreads, smem, s>>>(p);
@@ -48,8 +50,8 @@ int gpu_compress(const uint8_t* in, const fmt::Header& h, uint8_t* out, void* wo
 }
 
 int gpu_decompress(const uint8_t* in, const fmt::Header& h, uint8_t* out, uint32_t* err, void* stream) {
-  if (h.codec != fmt::Codec::Rans) {
-    set_last_error("gpu_decompress: raw streams are copied by the caller", "");
+  if (h.codec != fmt::Codec::Rans || reinterpret_cast<uintptr_t>(in) % fmt::kAlign) {
+    set_last_error("gpu_decompress: needs a rANS stream in a 16-byte-aligned buffer", "");
     return kBadArgument;
   }
   const fmt::Layout l = fmt::layout_of(h);

@@ -136,6 +136,8 @@ def decompress(buf: torch.Tensor, *, out: Optional[torch.Tensor] = None, threads
         _C.decompress_cpu(head, buf.data_ptr(), buf.numel(), out.data_ptr(), _threads(threads))
         return out
     _check_tensor(buf, "stream")
+    if buf.data_ptr() % 16:
+        buf = buf.clone()  # the decoder reads 16-byte-aligned segments
     with torch.cuda.device(buf.device):
         if CODECS[info["codec"]] == "raw":
             if info["numel"]:

@@ -29,6 +29,15 @@ PZ_HOST_DEVICE PZ_FORCE_INLINE int popc64(uint64_t v) {
 #endif
 }
 
+// High 32 bits of a 32x32-bit product.
+PZ_HOST_DEVICE PZ_FORCE_INLINE uint32_t mulhi32(uint32_t a, uint32_t b) {
+#if defined(PZ_DEVICE_COMPILE)
+  return __umulhi(a, b);
+#else
+  return static_cast<uint32_t>((static_cast<uint64_t>(a) * b) >> 32);
+#endif
+}
+
 // (hi:lo) >> shift, keeping the low 32 bits. Portable form, no shf asm.
 PZ_HOST_DEVICE PZ_FORCE_INLINE uint32_t funnel_shift_r(uint32_t lo, uint32_t hi, uint32_t shift) {
 #if defined(PZ_DEVICE_COMPILE)

@@ -153,6 +153,34 @@ PZ_HOST_DEVICE PZ_FORCE_INLINE uint32_t enc_put(uint32_t x, uint32_t freq, uint3
   return ((x / freq) << kProbBits) + (x % freq) + cum;
 }
 
+// Exact x / f for every 32-bit x without a divide (Granlund-Montgomery,
+// round-up variant): q = (t + ((x - t) >> 1)) >> shift, t = mulhi(x, magic).
+// f == 1 is special-cased by the caller-visible encoding shift = 31, magic = 0.
+struct DivMagic {
+  uint32_t magic;
+  uint32_t shift;
+};
+
+PZ_HOST_DEVICE inline DivMagic div_magic(uint32_t f) {
+  if (f <= 1) return {0u, 31u};
+  uint32_t l = 0;
+  while ((1u << l) < f) ++l;  // ceil(log2 f), f <= 4096
+  const uint64_t m = ((static_cast<uint64_t>(1) << 32) * ((static_cast<uint64_t>(1) << l) - f)) / f + 1;
+  return {static_cast<uint32_t>(m), l - 1};
+}
+
+PZ_HOST_DEVICE PZ_FORCE_INLINE uint32_t div_by_magic(uint32_t x, DivMagic d) {
+  if (d.shift == 31) return x;  // f == 1
+  const uint32_t t = mulhi32(x, d.magic);
+  return (t + ((x - t) >> 1)) >> d.shift;
+}
+
+// enc_put with the division replaced by the magic multiply; identical results.
+PZ_HOST_DEVICE PZ_FORCE_INLINE uint32_t enc_put_magic(uint32_t x, uint32_t freq, uint32_t cum, DivMagic d) {
+  const uint32_t q = div_by_magic(x, d);
+  return (q << kProbBits) + (x - q * freq) + cum;
+}
+
 // Decoder step; the caller refills with a word when the result is < kStateLow.
 // Cannot overflow for any 32-bit x when the table is valid.
 PZ_HOST_DEVICE PZ_FORCE_INLINE uint32_t dec_step(uint32_t x, uint32_t freq, uint32_t cum) {
