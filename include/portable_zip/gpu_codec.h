@@ -212,6 +212,7 @@ PZ_DEVICE uint64_t encode_block(const CompressParams& p, const fmt::Layout& l, u
     }
 #pragma unroll
     for (int k = 0; k < kChunkSyms; ++k) {
+      if (stored) continue;  // group-uniform; no break, so the loop unrolls
       const uint32_t idx = row + k * fmt::kLanes + lane;
       const int src = k * (fmt::kLanes / kChunkSyms) + (lane >> 3);
       const uint32_t wlo = group_shfl(lo, src), whi = group_shfl(hi, src);
@@ -223,8 +224,8 @@ PZ_DEVICE uint64_t encode_block(const CompressParams& p, const fmt::Layout& l, u
       const uint32_t ballot = group_ballot(need);
       const uint32_t cnt = popc32(ballot);
       if (prefix + 2ull * (words + cnt) >= limit) {
-        stored = true;  // group-uniform: every lane saw the same words/cnt
-        break;
+        stored = true;  // every lane saw the same words/cnt
+        continue;
       }
       if (need) {
         wbuf[words + popc32(ballot & group_lanemask_lt())] = static_cast<uint16_t>(x);
