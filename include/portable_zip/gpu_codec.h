@@ -36,12 +36,25 @@ struct DecompressParams {
 // (lane & 7: skewed data sends most lanes to one bin, and replicas cut the
 // atomic conflicts 8x), merged counts, the encode table, frequency scratch,
 // then the segment staging buffer.
+// The histograms live at the end of the staging buffer: they are dead before
+// the first coded word is staged, and sharing the space buys occupancy.
 constexpr uint64_t kHistReplicas = 8;
-constexpr uint64_t kCompressTableBytes = kHistReplicas * 128 * 4 + 256 * 4 + 256 * 8 + 256 * 2;
-PZ_HOST_DEVICE constexpr uint64_t compress_smem_per_group(int block_log2) {
-  return kCompressTableBytes + fmt::align_up(1 + (1ull << block_log2), fmt::kAlign);
+constexpr uint64_t kHistBytes = kHistReplicas * 128 * 4 + 256 * 4;  // replicas + merged counts
+constexpr uint64_t kMaxTableBytes = 1 + 32 + 2 * 256;
+constexpr uint64_t kCompressTableBytes = 256 * 8 + 256 * 2;           // encode table + frequencies
+PZ_HOST_DEVICE constexpr uint64_t staging_bytes(int block_log2) {
+  return fmt::align_up(1 + (1ull << block_log2), fmt::kAlign) > kMaxTableBytes + 16 + kHistBytes
+             ? fmt::align_up(1 + (1ull << block_log2), fmt::kAlign)
+             : fmt::align_up(kMaxTableBytes + 16 + kHistBytes, fmt::kAlign);
 }
-constexpr uint64_t kDecompressSmemPerGroup = 4 * 256 + 2 * 256 + fmt::kProbScale + 16;
+PZ_HOST_DEVICE constexpr uint64_t compress_smem_per_group(int block_log2) {
+  return kCompressTableBytes + staging_bytes(block_log2);
+}
+// Decoder: encode-order table, frequencies, slot->symbol lookup, and a window
+// of coded words staged from global memory (the decode chain then waits on
+// shared memory, not on a global load, at each renormalization).
+constexpr uint32_t kWordWindow = 1024;
+constexpr uint64_t kDecompressSmemPerGroup = 4 * 256 + 2 * 256 + fmt::kProbScale + 16 + 2 * kWordWindow;
 
 // Bytes of input per symbol, and symbols per 16-byte-aligned vector chunk.
 template <fmt::DType D>
@@ -49,6 +62,109 @@ constexpr int kSymBytes = D == fmt::DType::Float32 ? 4 : 2;
 constexpr int kChunkSyms = 8;
 
 #if defined(PZ_CUDA) || defined(PZ_HIP)
+
+PZ_DEVICE PZ_FORCE_INLINE uint32_t group_sum32(uint32_t v) {
+#pragma unroll
+  for (int m = 1; m < fmt::kLanes; m <<= 1) v += group_shfl_xor(v, m);
+  return v;
+}
+
+// Exclusive prefix sum over lanes.
+PZ_DEVICE PZ_FORCE_INLINE uint32_t group_exclusive_scan(uint32_t v) {
+  const int lane = group_lane();
+  uint32_t inc = v;
+#pragma unroll
+  for (int d = 1; d < fmt::kLanes; d <<= 1) {
+    const uint32_t o = group_shfl(inc, lane >= d ? lane - d : lane);
+    if (lane >= d) inc += o;
+  }
+  return inc - v;
+}
+
+// (value, index) argmax over lanes; ties go to the lower index.
+PZ_DEVICE PZ_FORCE_INLINE void group_argmax(uint32_t* value, uint32_t* index) {
+#pragma unroll
+  for (int m = 1; m < fmt::kLanes; m <<= 1) {
+    const uint32_t ov = group_shfl_xor(*value, m), oi = group_shfl_xor(*index, m);
+    if (ov > *value || (ov == *value && oi < *index)) *value = ov, *index = oi;
+  }
+}
+
+// rans::quantize computed by the whole group; identical results. Lane L owns
+// symbols 8L..8L+7.
+PZ_DEVICE inline void quantize_group(const uint32_t* counts, uint32_t n, uint16_t* freq) {
+  const int lane = group_lane();
+  uint32_t sum = 0, best_c = 0, best_s = 256;
+  for (int k = 0; k < 8; ++k) {
+    const uint32_t s = 8 * lane + k, c = counts[s];
+    uint32_t f = 0;
+    if (c) {
+      f = static_cast<uint32_t>((static_cast<uint64_t>(c) * fmt::kProbScale + n / 2) / n);
+      if (f == 0) f = 1;
+      if (c > best_c) best_c = c, best_s = s;
+    }
+    freq[s] = static_cast<uint16_t>(f);
+    sum += f;
+  }
+  sum = group_sum32(sum);
+  group_argmax(&best_c, &best_s);
+  int32_t d = static_cast<int32_t>(fmt::kProbScale) - static_cast<int32_t>(sum);
+  group_sync();
+  if (d > 0 && lane == 0) freq[best_s] = static_cast<uint16_t>(freq[best_s] + d);
+  while (d < 0) {  // group-uniform
+    uint32_t top_f = 0, top_s = 256;
+    for (int k = 0; k < 8; ++k) {
+      const uint32_t s = 8 * lane + k, f = freq[s];
+      if (f > top_f) top_f = f, top_s = s;
+    }
+    group_argmax(&top_f, &top_s);
+    const int32_t take = -d < static_cast<int32_t>(top_f) - 1 ? -d : static_cast<int32_t>(top_f) - 1;
+    group_sync();
+    if (lane == 0) freq[top_s] = static_cast<uint16_t>(top_f - take);
+    group_sync();
+    d += take;
+  }
+  group_sync();
+}
+
+// rans::write_table computed by the whole group; identical bytes. Returns its length.
+PZ_DEVICE inline int write_table_group(const uint16_t* freq, uint8_t* out) {
+  const int lane = group_lane();
+  uint32_t lo = 256, hi = 0, bits = 0;
+  for (int k = 0; k < 8; ++k) {
+    const uint32_t s = 8 * lane + k;
+    if (freq[s]) {
+      bits |= 1u << k;
+      lo = lo < s ? lo : s;
+      hi = s;
+    }
+  }
+#pragma unroll
+  for (int m = 1; m < fmt::kLanes; m <<= 1) {
+    const uint32_t olo = group_shfl_xor(lo, m), ohi = group_shfl_xor(hi, m);
+    lo = olo < lo ? olo : lo;
+    hi = ohi > hi ? ohi : hi;
+  }
+  uint32_t rb = 0, bb = 0;
+  for (int k = 0; k < 8; ++k) {
+    const uint32_t s = 8 * lane + k, vb = rans::varint_bytes(freq[s]);
+    if (s >= lo && s <= hi) rb += vb;
+    if (bits >> k & 1) bb += vb;
+  }
+  const uint32_t range_bytes = 2 + group_sum32(rb), bitmap_bytes = 32 + group_sum32(bb);
+  const bool range = range_bytes <= bitmap_bytes;
+  uint8_t* p = out + 1 + (range ? 2 + group_exclusive_scan(rb) : 32 + group_exclusive_scan(bb));
+  for (int k = 0; k < 8; ++k) {
+    const uint32_t s = 8 * lane + k;
+    if (range ? (s >= lo && s <= hi) : (bits >> k & 1)) p = rans::put_varint(p, freq[s]);
+  }
+  if (lane == 0) {
+    out[0] = range ? fmt::kTableRange : fmt::kTableBitmap;
+    if (range) out[1] = static_cast<uint8_t>(lo), out[2] = static_cast<uint8_t>(hi);
+  }
+  if (!range) out[1 + lane] = static_cast<uint8_t>(bits);
+  return static_cast<int>(1 + (range ? range_bytes : bitmap_bytes));
+}
 
 // Returns the exclusive prefix of block b's size over blocks 0..b-1.
 PZ_DEVICE inline uint64_t lookback(uint64_t* status, uint64_t b, uint64_t size) {
@@ -92,15 +208,28 @@ struct Chunk {
 };
 
 template <fmt::DType D>
-PZ_DEVICE PZ_FORCE_INLINE Chunk<D> load_chunk(const uint8_t* in, uint64_t sym_index) {
+struct RawChunk {
+  uint4 v[kSymBytes<D> / 2];
+};
+
+template <fmt::DType D>
+PZ_DEVICE PZ_FORCE_INLINE RawChunk<D> load_raw(const uint8_t* in, uint64_t sym_index) {
+  RawChunk<D> r;
+  const uint4* src = reinterpret_cast<const uint4*>(in + sym_index * kSymBytes<D>);
+#pragma unroll
+  for (int k = 0; k < kSymBytes<D> / 2; ++k) r.v[k] = src[k];
+  return r;
+}
+
+template <fmt::DType D>
+PZ_DEVICE PZ_FORCE_INLINE Chunk<D> split_chunk(const RawChunk<D>& r) {
   using T = FloatTraits<D>;
   union {
     uint4 v[kSymBytes<D> / 2];
     uint8_t b[8 * kSymBytes<D>];
   } u;
-  const uint4* src = reinterpret_cast<const uint4*>(in + sym_index * kSymBytes<D>);
 #pragma unroll
-  for (int k = 0; k < kSymBytes<D> / 2; ++k) u.v[k] = src[k];
+  for (int k = 0; k < kSymBytes<D> / 2; ++k) u.v[k] = r.v[k];
   Chunk<D> c{};
 #pragma unroll
   for (int k = 0; k < kChunkSyms; ++k) {
@@ -126,11 +255,11 @@ PZ_DEVICE uint64_t encode_block(const CompressParams& p, const fmt::Layout& l, u
   constexpr bool plane16 = fmt::has_plane16(D);
   const fmt::Header& h = p.h;
   const int lane = group_lane();
-  uint32_t* hist = reinterpret_cast<uint32_t*>(base);            // [8][128] u16 pairs
-  uint32_t* counts = hist + kHistReplicas * 128;                  // [256]
-  uint2* enc = reinterpret_cast<uint2*>(counts + 256);            // [256]
+  uint2* enc = reinterpret_cast<uint2*>(base);                   // [256]
   uint16_t* freq = reinterpret_cast<uint16_t*>(enc + 256);        // [256]
-  uint8_t* buf = reinterpret_cast<uint8_t*>(freq + 256);
+  uint8_t* buf = reinterpret_cast<uint8_t*>(freq + 256);          // staging
+  uint32_t* hist = reinterpret_cast<uint32_t*>(buf + staging_bytes(h.block_log2) - kHistBytes);  // [8][128]
+  uint32_t* counts = hist + kHistReplicas * 128;                  // [256]
   const uint64_t first = b << h.block_log2;
   const uint32_t n = fmt::block_symbols(h, l, b);
 
@@ -142,21 +271,32 @@ PZ_DEVICE uint64_t encode_block(const CompressParams& p, const fmt::Layout& l, u
   auto count = [&](uint32_t sym) { atomic_add<Scope::Block>(&my_hist[sym >> 1], 1u << (16 * (sym & 1))); };
   uint32_t scalar_from = 0;
   if (Aligned) {
-    scalar_from = n;
-    for (uint32_t i = lane * kChunkSyms;; i += fmt::kLanes * kChunkSyms) {
-      const uint32_t chunk0 = i - lane * kChunkSyms;  // group-uniform chunk row start
-      if (!chunk_in_range<D>(h, first, chunk0 + (fmt::kLanes - 1) * kChunkSyms, n)) {
-        scalar_from = chunk0;  // the rest (partial row) goes scalar
-        break;
-      }
-      const Chunk<D> c = load_chunk<D>(p.in, first + i);
+    // Two rows per iteration, both loads issued before either is used.
+    constexpr uint32_t kRow = fmt::kLanes * kChunkSyms;
+    auto row_full = [&](uint32_t row) { return chunk_in_range<D>(h, first, row + (fmt::kLanes - 1) * kChunkSyms, n); };
+    auto consume = [&](uint32_t i, const RawChunk<D>& r) {
+      const Chunk<D> c = split_chunk<D>(r);
 #pragma unroll
       for (int k = 0; k < kChunkSyms; ++k) count((c.sym[k >> 2] >> (8 * (k & 3))) & 0xff);
       *reinterpret_cast<uint2*>(p.out + l.raw_begin + first + i) = make_uint2(c.raw8[0], c.raw8[1]);
       if (plane16)
         *reinterpret_cast<uint4*>(p.out + l.plane16_begin + 2 * (first + i)) =
             make_uint4(c.raw16[0], c.raw16[1], c.raw16[2], c.raw16[3]);
+    };
+    uint32_t row = 0;
+    for (;; row += 2 * kRow) {
+      const bool full0 = row_full(row), full1 = full0 && row_full(row + kRow);
+      if (!full1) break;
+      const RawChunk<D> r0 = load_raw<D>(p.in, first + row + lane * kChunkSyms);
+      const RawChunk<D> r1 = load_raw<D>(p.in, first + row + kRow + lane * kChunkSyms);
+      consume(row + lane * kChunkSyms, r0);
+      consume(row + kRow + lane * kChunkSyms, r1);
     }
+    if (row_full(row)) {
+      consume(row + lane * kChunkSyms, load_raw<D>(p.in, first + row + lane * kChunkSyms));
+      row += kRow;
+    }
+    scalar_from = row;
   }
   for (uint32_t i = scalar_from + lane; i < n; i += fmt::kLanes) {
     const Split sp = T::split(p.in, first + i, h.numel);
@@ -170,21 +310,17 @@ PZ_DEVICE uint64_t encode_block(const CompressParams& p, const fmt::Layout& l, u
     counts[s] = c;
   }
   group_sync();
-  if (lane == 0) {
-    rans::quantize(counts, n, freq);
-    counts[0] = static_cast<uint32_t>(rans::write_table(freq, buf + 1));  // counts are free now
-    uint32_t cum = 0;
-    for (int s = 0; s < 256; ++s) {
-      hist[s] = cum;  // hist is free too: cumulative frequencies
-      cum += freq[s];
-    }
+  quantize_group(counts, n, freq);
+  const int table_bytes = write_table_group(freq, buf + 1);
+  // Cumulative frequencies: lane L owns symbols 8L..8L+7.
+  uint32_t f8[8], local = 0;
+  for (int k = 0; k < 8; ++k) f8[k] = freq[8 * lane + k], local += f8[k];
+  uint32_t cum = group_exclusive_scan(local);
+  for (int k = 0; k < 8; ++k) {
+    const rans::DivMagic d = rans::div_magic(f8[k]);
+    enc[8 * lane + k] = make_uint2(f8[k] | (cum << 13) | (d.shift << 25), d.magic);
+    cum += f8[k];
   }
-  group_sync();
-  for (int s = lane; s < 256; s += fmt::kLanes) {
-    const rans::DivMagic d = rans::div_magic(freq[s]);
-    enc[s] = make_uint2(freq[s] | (hist[s] << 13) | (d.shift << 25), d.magic);
-  }
-  const int table_bytes = static_cast<int>(counts[0]);
   group_sync();
 
   // Pass 2: interleaved rANS, 8 steps per 256-symbol row. A row is loaded as
@@ -196,11 +332,18 @@ PZ_DEVICE uint64_t encode_block(const CompressParams& p, const fmt::Layout& l, u
   uint32_t x = fmt::kStateLow;
   uint32_t words = 0;
   uint16_t* wbuf = reinterpret_cast<uint16_t*>(buf + prefix);  // prefix is even
+  // The next row's chunk is loaded while the current row encodes.
+  RawChunk<D> next{};
+  if (Aligned && chunk_in_range<D>(h, first, lane * kChunkSyms, n)) next = load_raw<D>(p.in, first + lane * kChunkSyms);
   for (uint32_t row = 0; row < n && !stored; row += fmt::kLanes * kChunkSyms) {
     uint32_t lo = 0, hi = 0;
     const uint32_t mine = row + lane * kChunkSyms;
-    if (Aligned && chunk_in_range<D>(h, first, mine, n)) {
-      const Chunk<D> c = load_chunk<D>(p.in, first + mine);
+    const bool vec = Aligned && chunk_in_range<D>(h, first, mine, n);
+    const RawChunk<D> cur = next;
+    const uint32_t ahead = mine + fmt::kLanes * kChunkSyms;
+    if (Aligned && chunk_in_range<D>(h, first, ahead, n)) next = load_raw<D>(p.in, first + ahead);
+    if (vec) {
+      const Chunk<D> c = split_chunk<D>(cur);
       lo = c.sym[0];
       hi = c.sym[1];
     } else {
@@ -346,6 +489,7 @@ PZ_GLOBAL void __launch_bounds__(kCtaThreads) decompress_kernel(DecompressParams
   uint16_t* freq = reinterpret_cast<uint16_t*>(encsym + 256);
   uint8_t* lookup = reinterpret_cast<uint8_t*>(freq + 256);
   int32_t* shared_tb = reinterpret_cast<int32_t*>(lookup + fmt::kProbScale);
+  uint16_t* window = reinterpret_cast<uint16_t*>(lookup + fmt::kProbScale + 16);  // words [wlo, rp)
 
   uint64_t sb, se;
   if (!segment_bounds(p.in, h, l, b, &sb, &se)) {
@@ -399,17 +543,18 @@ PZ_GLOBAL void __launch_bounds__(kCtaThreads) decompress_kernel(DecompressParams
   }
   group_sync();  // lookup complete
   const uint16_t* wp = reinterpret_cast<const uint16_t*>(seg + prefix);  // the launcher checks 16B alignment
-  uint64_t rp = words;
+  uint64_t rp = words, wlo = words;
   const uint32_t steps = (n + fmt::kLanes - 1) / fmt::kLanes;
   bool ok = true;
   for (uint32_t s = steps; s-- > 0;) {
     const uint32_t idx = s * fmt::kLanes + lane;
     const bool valid = idx < n;
     if (valid) {
+      const uint8_t r8 = raw8[first + idx];  // independent of x: issued before the chain
       const uint8_t sym = lookup[x & (fmt::kProbScale - 1)];
       const uint32_t es = encsym[sym];
       x = rans::dec_step(x, es & 0xffff, es >> 16);
-      store_element<D>(p.out, first + idx, h.numel, sym, raw8[first + idx], raw16_at(p.in, l, plane16, first + idx));
+      store_element<D>(p.out, first + idx, h.numel, sym, r8, raw16_at(p.in, l, plane16, first + idx));
     }
     const bool need = valid && x < fmt::kStateLow;
     const uint32_t ballot = group_ballot(need);
@@ -418,10 +563,14 @@ PZ_GLOBAL void __launch_bounds__(kCtaThreads) decompress_kernel(DecompressParams
       ok = false;  // group-uniform
       break;
     }
-    if (need) {
-      const uint64_t r = rp - count + popc32(ballot & group_lanemask_lt());
-      x = (x << 16) | wp[r];
+    if (rp - count < wlo) {  // group-uniform: stage the next window of words
+      const uint64_t lo = rp > kWordWindow ? rp - kWordWindow : 0;
+      group_sync();
+      for (uint64_t i = lo + lane; i < rp; i += fmt::kLanes) window[i - lo] = wp[i];
+      group_sync();
+      wlo = lo;
     }
+    if (need) x = (x << 16) | window[rp - count + popc32(ballot & group_lanemask_lt()) - wlo];
     rp -= count;
   }
   if (!ok || rp != 0 || group_ballot(x != fmt::kStateLow)) {
