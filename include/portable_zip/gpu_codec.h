@@ -50,11 +50,10 @@ PZ_HOST_DEVICE constexpr uint64_t staging_bytes(int block_log2) {
 PZ_HOST_DEVICE constexpr uint64_t compress_smem_per_group(int block_log2) {
   return kCompressTableBytes + staging_bytes(block_log2);
 }
-// Decoder: encode-order table, frequencies, slot->symbol lookup, and a window
-// of coded words staged from global memory (the decode chain then waits on
-// shared memory, not on a global load, at each renormalization).
-constexpr uint32_t kWordWindow = 1024;
-constexpr uint64_t kDecompressSmemPerGroup = 4 * 256 + 2 * 256 + fmt::kProbScale + 16 + 2 * kWordWindow;
+// Decoder: encode-order table, frequencies, slot->symbol lookup. (Staging the
+// coded words in a shared-memory window measured slower at >= 256 MiB: see
+// bench/NOTES.md.)
+constexpr uint64_t kDecompressSmemPerGroup = 4 * 256 + 2 * 256 + fmt::kProbScale + 16;
 
 // Bytes of input per symbol, and symbols per 16-byte-aligned vector chunk.
 template <fmt::DType D>
@@ -489,7 +488,6 @@ PZ_GLOBAL void __launch_bounds__(kCtaThreads) decompress_kernel(DecompressParams
   uint16_t* freq = reinterpret_cast<uint16_t*>(encsym + 256);
   uint8_t* lookup = reinterpret_cast<uint8_t*>(freq + 256);
   int32_t* shared_tb = reinterpret_cast<int32_t*>(lookup + fmt::kProbScale);
-  uint16_t* window = reinterpret_cast<uint16_t*>(lookup + fmt::kProbScale + 16);  // words [wlo, rp)
 
   uint64_t sb, se;
   if (!segment_bounds(p.in, h, l, b, &sb, &se)) {
@@ -543,18 +541,17 @@ PZ_GLOBAL void __launch_bounds__(kCtaThreads) decompress_kernel(DecompressParams
   }
   group_sync();  // lookup complete
   const uint16_t* wp = reinterpret_cast<const uint16_t*>(seg + prefix);  // the launcher checks 16B alignment
-  uint64_t rp = words, wlo = words;
+  uint64_t rp = words;
   const uint32_t steps = (n + fmt::kLanes - 1) / fmt::kLanes;
   bool ok = true;
   for (uint32_t s = steps; s-- > 0;) {
     const uint32_t idx = s * fmt::kLanes + lane;
     const bool valid = idx < n;
     if (valid) {
-      const uint8_t r8 = raw8[first + idx];  // independent of x: issued before the chain
       const uint8_t sym = lookup[x & (fmt::kProbScale - 1)];
       const uint32_t es = encsym[sym];
       x = rans::dec_step(x, es & 0xffff, es >> 16);
-      store_element<D>(p.out, first + idx, h.numel, sym, r8, raw16_at(p.in, l, plane16, first + idx));
+      store_element<D>(p.out, first + idx, h.numel, sym, raw8[first + idx], raw16_at(p.in, l, plane16, first + idx));
     }
     const bool need = valid && x < fmt::kStateLow;
     const uint32_t ballot = group_ballot(need);
@@ -563,14 +560,7 @@ PZ_GLOBAL void __launch_bounds__(kCtaThreads) decompress_kernel(DecompressParams
       ok = false;  // group-uniform
       break;
     }
-    if (rp - count < wlo) {  // group-uniform: stage the next window of words
-      const uint64_t lo = rp > kWordWindow ? rp - kWordWindow : 0;
-      group_sync();
-      for (uint64_t i = lo + lane; i < rp; i += fmt::kLanes) window[i - lo] = wp[i];
-      group_sync();
-      wlo = lo;
-    }
-    if (need) x = (x << 16) | window[rp - count + popc32(ballot & group_lanemask_lt()) - wlo];
+    if (need) x = (x << 16) | wp[rp - count + popc32(ballot & group_lanemask_lt())];
     rp -= count;
   }
   if (!ok || rp != 0 || group_ballot(x != fmt::kStateLow)) {
