@@ -92,6 +92,7 @@ class Communicator:
         self._pool = concurrent.futures.ThreadPoolExecutor(
             1, thread_name_prefix="pz-comm",
             initializer=(lambda: torch.cuda.set_device(dev)) if dev.type == "cuda" else None)
+        self.tp.connect(self.timeout)  # collective: every rank constructs its Communicator
         if compress == "auto":
             self.policy.calibrate(self.tp, self.group)
 
