@@ -140,14 +140,16 @@ def comm_worker(rank, world, sizes, ops, reps):
                             dist.all_reduce(t)
                         else:
                             comm.all_reduce(t)
+                key = {"send_recv": "send", "all_gather": "all_gather", "all_reduce": "all_reduce"}[op]
+                before = dict(comm.stats.get(key, {}).get("plans", {})) if comm is not None else {}
                 fn()  # warm-up
                 sec = timed(fn, device, reps)
                 row[f"{mode}_ms"] = sec * 1e3
                 row[f"{mode}_GBps"] = size / sec / 1e9
-                if mode == "auto":
-                    key = {"send_recv": "send", "all_gather": "all_gather", "all_reduce": "all_reduce"}[op]
-                    plans = comm.stats.get(key, {}).get("plans", {}) if rank == 0 else {}
-                    row["auto_plan"] = max(plans, key=plans.get) if plans else "recv-side"
+                if mode == "auto":  # the plan auto picked at this size (rank 0 sends for send_recv)
+                    after = comm.stats.get(key, {}).get("plans", {})
+                    grew = [p for p in after if after[p] > before.get(p, 0)]
+                    row["auto_plan"] = "/".join(grew) or "-"
             rows.append(row)
     cal = comms["auto"].policy.cal
     return {"rows": rows, "calibration": cal.describe() if cal else None,

@@ -29,11 +29,14 @@ _CACHE: Dict[tuple, "Calibration"] = {}
 
 @dataclass
 class Calibration:
-    alpha: float                      # seconds per message round
-    beta: float                       # seconds per byte on one link
+    alpha: float                      # seconds per message round (p2p)
+    beta: float                       # seconds per byte on one link (p2p, both directions busy)
     compress: Dict[torch.dtype, float] = field(default_factory=dict)    # seconds per input byte
     decompress: Dict[torch.dtype, float] = field(default_factory=dict)
     source: str = "measured"
+    # Native collectives measured as they run (NCCL's rings and channels can
+    # beat what p2p suggests): (alpha, beta) per input byte.
+    native: Dict[str, tuple] = field(default_factory=dict)
 
     def describe(self) -> str:
         bf = torch.bfloat16
@@ -65,8 +68,11 @@ class Policy:
             self.cal = _CACHE[key]
             return self.cal
         alpha, beta = self._measure_link(tp)
+        native = {op: self._measure_native(op, tp, group) for op in ("all_gather", "all_reduce")}
         if self.link_gbps:
             beta = 1e-9 / self.link_gbps
+            native = {"all_gather": (native["all_gather"][0], beta * max(tp.world - 1, 1)),
+                      "all_reduce": (native["all_reduce"][0], beta * 2 * max(tp.world - 1, 1) / max(tp.world, 1))}
         if self.latency_us is not None:
             alpha = self.latency_us * 1e-6
         comp, decomp = {}, {}
@@ -76,14 +82,16 @@ class Policy:
             else:
                 comp[dt], decomp[dt] = self._measure_codec(dt, tp.device)
         # Agree on the slowest rank's figures so every rank decides alike.
-        vec = torch.tensor([alpha, beta] + [comp[d] for d in CODED] + [decomp[d] for d in CODED],
+        vec = torch.tensor([alpha, beta] + [comp[d] for d in CODED] + [decomp[d] for d in CODED]
+                           + list(native["all_gather"]) + list(native["all_reduce"]),
                            dtype=torch.float64, device=tp.device)
         if tp.world > 1:
             dist.all_reduce(vec, op=dist.ReduceOp.MAX, group=group)
         v = vec.tolist()
         n = len(CODED)
         source = "overridden" if (self.link_gbps and self.codec_gbps) else "measured"
-        self.cal = Calibration(v[0], v[1], dict(zip(CODED, v[2:2 + n])), dict(zip(CODED, v[2 + n:])), source)
+        self.cal = Calibration(v[0], v[1], dict(zip(CODED, v[2:2 + n])), dict(zip(CODED, v[2 + n:2 + 2 * n])), source,
+                               {"all_gather": tuple(v[2 + 2 * n:4 + 2 * n]), "all_reduce": tuple(v[4 + 2 * n:6 + 2 * n])})
         _CACHE[key] = self.cal
         return self.cal
 
@@ -108,6 +116,32 @@ class Policy:
         beta = max((times[big] - times[small]) / (big - small), 1e-13)
         alpha = max(times[small] - small * beta, 0.0)
         return alpha, beta
+
+    @staticmethod
+    def _measure_native(op: str, tp: Transport, group):
+        """(alpha, beta per input byte) of torch.distributed's own collective."""
+        if tp.world == 1:
+            return 0.0, 0.0
+        small, big = (256 << 10, 32 << 20) if tp.device.type == "cuda" else (16 << 10, 2 << 20)
+        from .collectives import all_gather_native
+
+        times = {}
+        for size in (small, big):
+            t = torch.zeros(size // 2, dtype=torch.bfloat16, device=tp.device)
+            out = torch.empty(tp.world * t.numel(), dtype=t.dtype, device=tp.device)
+            run = (lambda: all_gather_native(out, t, group=group)) if op == "all_gather" else \
+                (lambda: dist.all_reduce(t, group=group))
+            run()
+            best = float("inf")
+            for _ in range(3):
+                _sync(tp.device)
+                t0 = time.perf_counter()
+                run()
+                _sync(tp.device)
+                best = min(best, time.perf_counter() - t0)
+            times[size] = best
+        beta = max((times[big] - times[small]) / (big - small), 1e-13)
+        return max(times[small] - small * beta, 0.0), beta
 
     @staticmethod
     def _measure_codec(dtype: torch.dtype, device: torch.device):
@@ -144,7 +178,8 @@ class Policy:
         if op == "broadcast":
             return a * w1.bit_length() + nbytes * b, nbytes * (cc + cd) + 2 * a + w1 * r * nbytes * b
         if op == "all_gather":
-            return w1 * (a + nbytes * b), nbytes * cc + 2 * a + w1 * (r * nbytes * b + nbytes * cd)
+            na, nb = c.native.get("all_gather", (a, w1 * b))
+            return na + nbytes * nb, nbytes * cc + 2 * a + w1 * (r * nbytes * b + nbytes * cd)
         s = nbytes / max(world, 1)
         one_phase_native = w1 * (a + s * b)
         one_phase_coded = w1 * s * (cc + cd + r * b) + 2 * a
@@ -153,7 +188,8 @@ class Policy:
         if op == "reduce_scatter":
             return one_phase_native, one_phase_coded + nbytes * 1e-11
         if op == "all_reduce":
-            return 2 * one_phase_native, one_phase_coded + (s * cc + 2 * a + w1 * s * (r * b + cd))
+            na, nb = c.native.get("all_reduce", (2 * w1 * a, 2 * w1 * b / max(world, 1)))
+            return na + nbytes * nb, one_phase_coded + (s * cc + 2 * a + w1 * s * (r * b + cd))
         raise ValueError(f"unknown op {op}")
 
     def choose(self, op: str, dtype: torch.dtype, nbytes: int, world: int) -> str:
