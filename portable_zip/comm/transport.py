@@ -60,14 +60,20 @@ class TorchDistTransport:
         self.wait(self.post([("send", one, p) for p in bufs] + [("recv", b, p) for p, b in bufs.items()]), timeout)
 
     def post(self, ops: Sequence[Op]) -> List[object]:
-        p2p = [dist.P2POp(dist.isend if kind == "send" else dist.irecv, as_bytes(t), self._global[peer], self.group)
-               for kind, t, peer in ops if t.numel()]
-        if not p2p:
+        ops = [(kind, t, peer) for kind, t, peer in ops if t.numel()]
+        if not ops:
             return []
         try:
-            return dist.batch_isend_irecv(p2p)
+            # A lone op skips the coalescing manager. Not on NCCL: there an
+            # unbatched op builds its own lazily created (host-blocking) communicator.
+            if len(ops) == 1 and self.backend != "nccl":
+                kind, t, peer = ops[0]
+                fn = dist.isend if kind == "send" else dist.irecv
+                return [fn(as_bytes(t), self._global[peer], group=self.group)]
+            return dist.batch_isend_irecv([dist.P2POp(dist.isend if kind == "send" else dist.irecv, as_bytes(t),
+                                                      self._global[peer], self.group) for kind, t, peer in ops])
         except RuntimeError as e:
-            raise PeerError(f"{self.name}: posting {len(p2p)} transfers failed: {e}") from e
+            raise PeerError(f"{self.name}: posting {len(ops)} transfers failed: {e}") from e
 
     def wait(self, works: List[object], timeout: float) -> None:
         deadline = time.monotonic() + timeout
