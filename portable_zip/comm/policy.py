@@ -173,23 +173,26 @@ class Policy:
         r = self.ratio.get(dtype, 1.0)
         cc, cd = c.compress.get(dtype, 0.0), c.decompress.get(dtype, 0.0)
         w1 = max(world - 1, 1)
+        # Latency rounds of the compressed plans: control, fixed parts, tails
+        # (+ the spec swap that starts every collective).
+        p2p_rounds, coll_rounds = 3, 4
         if op in ("send", "recv"):
-            return a + nbytes * b, nbytes * (cc + cd) + 3 * a + r * nbytes * b
+            return a + nbytes * b, nbytes * (cc + cd) + p2p_rounds * a + r * nbytes * b
         if op == "broadcast":
-            return a * w1.bit_length() + nbytes * b, nbytes * (cc + cd) + 2 * a + w1 * r * nbytes * b
+            return a * w1.bit_length() + nbytes * b, nbytes * (cc + cd) + coll_rounds * a + w1 * r * nbytes * b
         if op == "all_gather":
-            na, nb = c.native.get("all_gather", (a, w1 * b))
-            return na + nbytes * nb, nbytes * cc + 2 * a + w1 * (r * nbytes * b + nbytes * cd)
+            na, nb = c.native.get("all_gather", (w1 * a, w1 * b))
+            return na + nbytes * nb, nbytes * cc + coll_rounds * a + w1 * (r * nbytes * b + nbytes * cd)
         s = nbytes / max(world, 1)
         one_phase_native = w1 * (a + s * b)
-        one_phase_coded = w1 * s * (cc + cd + r * b) + 2 * a
+        one_phase_coded = w1 * s * (cc + cd + r * b) + coll_rounds * a
         if op == "all_to_all":
             return one_phase_native, one_phase_coded
         if op == "reduce_scatter":
             return one_phase_native, one_phase_coded + nbytes * 1e-11
         if op == "all_reduce":
             na, nb = c.native.get("all_reduce", (2 * w1 * a, 2 * w1 * b / max(world, 1)))
-            return na + nbytes * nb, one_phase_coded + (s * cc + 2 * a + w1 * s * (r * b + cd))
+            return na + nbytes * nb, one_phase_coded + (s * cc + p2p_rounds * a + w1 * s * (r * b + cd))
         raise ValueError(f"unknown op {op}")
 
     def choose(self, op: str, dtype: torch.dtype, nbytes: int, world: int) -> str:

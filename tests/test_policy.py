@@ -1,0 +1,75 @@
+"""The cost model on synthetic calibrations: decisions follow the numbers."""
+import pytest
+import torch
+
+from portable_zip.comm.policy import Calibration, Policy
+
+BF16 = torch.bfloat16
+OPS = ["send", "broadcast", "all_gather", "reduce_scatter", "all_reduce", "all_to_all"]
+
+
+def policy(link_gbps, codec_gbps, latency_us=10.0, native=None):
+    p = Policy()
+    beta = 1e-9 / link_gbps
+    per = 1e-9 / codec_gbps
+    cal = Calibration(latency_us * 1e-6, beta, {BF16: per}, {BF16: per})
+    if native:
+        cal.native = native
+    p.cal = cal
+    return p
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_slow_link_fast_codec_compresses_large(op):
+    p = policy(link_gbps=5, codec_gbps=1000)
+    assert p.choose(op, BF16, 256 << 20, 2) == "compressed"
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_fast_link_slow_codec_stays_native(op):
+    p = policy(link_gbps=360, codec_gbps=100)
+    for size in (1 << 20, 64 << 20, 1 << 30):
+        assert p.choose(op, BF16, size, 2) == "native"
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_small_messages_stay_native(op):
+    # Three latency rounds dominate a 4 KiB transfer.
+    assert policy(link_gbps=5, codec_gbps=1000, latency_us=50).choose(op, BF16, 4096, 4) == "native"
+
+
+def test_measured_native_collective_wins_over_p2p_model():
+    # NCCL's all_gather measured twice as fast as p2p suggests: compression must
+    # beat that, not the p2p estimate.
+    p = policy(link_gbps=5, codec_gbps=60)
+    size = 1 << 30
+    assert p.choose("all_gather", BF16, size, 2) == "compressed"
+    fast_native = {"all_gather": (1e-4, 1e-9 / 12), "all_reduce": (1e-4, 1e-9 / 12)}
+    p2 = policy(link_gbps=5, codec_gbps=60, native=fast_native)
+    assert p2.choose("all_gather", BF16, size, 2) == "native"
+
+
+def test_uncoded_dtypes_and_single_rank_are_native():
+    p = policy(link_gbps=1, codec_gbps=1000)
+    assert p.choose("send", torch.int32, 1 << 30, 2) == "native"
+    assert p.choose("all_reduce", BF16, 1 << 30, 1) == "native"
+    assert p.choose("all_reduce", BF16, 0, 2) == "native"
+
+
+def test_margin_blocks_marginal_wins():
+    p = policy(link_gbps=30, codec_gbps=600)
+    native, coded = p.predict("send", BF16, 1 << 30, 2)
+    p.margin = 0.0
+    expect = "compressed" if coded < native else "native"
+    assert p.choose("send", BF16, 1 << 30, 2) == expect
+    p.margin = 1.0  # no plan can be 100% faster
+    assert p.choose("send", BF16, 1 << 30, 2) == "native"
+
+
+def test_running_ratio_is_order_independent():
+    a, b = Policy(), Policy()
+    streams = [(BF16, 1000, 1300), (BF16, 3000, 4100), (torch.float16, 100, 170)]
+    a.observe(streams)
+    b.observe(list(reversed(streams)))
+    assert a.ratio == b.ratio
+    assert a.ratio[BF16] == pytest.approx(0.5 * 0.67 + 0.5 * (5400 / 8000))
