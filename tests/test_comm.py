@@ -63,3 +63,13 @@ def test_mismatch_raises_on_both_sides(kind, pattern):
         name, msg = res[r]
         assert name in ("MismatchError", "TypeError"), msg
         assert re.search(pattern, msg), (r, msg)
+
+
+def test_pipelined_pieces(monkeypatch):
+    """Compressed transfers cut into many pieces (the path large tensors take)."""
+    monkeypatch.setenv("PZ_PIECE_BYTES", "4096")  # 8192-element pieces
+    seed = int(np.random.default_rng().integers(0, 2**31))
+    sizes = [20_001, 50_000]
+    passed = ok(comm_harness.run(3, comm_workers.battery, seed, sizes, deadline=600))
+    expected = len(sizes) * (4 * 2 * 5 + 4 * 2 * 3) + 2 * 3 * 3
+    assert all(n == expected for n in passed.values()), (seed, expected, passed)

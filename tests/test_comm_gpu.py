@@ -35,3 +35,12 @@ def test_nccl_silent_peer_times_out():
     res = comm_harness.run(2, comm_workers.hung_peer, 3.0, deadline=120, backend="nccl")
     assert res[0][0] == "ok", res[0]
     assert res[0][1][0] < 15
+
+
+def test_nccl_pipelined_pieces(monkeypatch):
+    monkeypatch.setenv("PZ_PIECE_BYTES", str(1 << 20))
+    seed = int(np.random.default_rng().integers(0, 2**31))
+    sizes = [3_000_001]
+    passed = ok(comm_harness.run(2, comm_workers.battery, seed, sizes, deadline=300, backend="nccl"))
+    expected = len(sizes) * (4 * 2 * 5 + 4 * 2 * 3) + 2 * 3 * 4
+    assert all(n == expected for n in passed.values()), (seed, expected, passed)

@@ -10,10 +10,14 @@ transport, in three rounds.
 3. Variable-size parts: the coded tail of each stream, whose length the
    receiver read from the header it got in round 2.
 
+Large compressed transfers travel as pieces, one group per piece in rounds 2
+and 3, so compress, wire and decompress of successive pieces overlap.
+
 Streams travel flattened (ndim 1), so their layout depends on dtype and numel only.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Dict, List
 
@@ -27,6 +31,8 @@ from .transport import Transport
 PROTO = 0x505A4331  # "PZC1"
 WIRE_VERSION = 1 + (_C.format_version << 8)  # protocol 1 carrying stream format N
 PLAN_NONE, PLAN_RAW, PLAN_CODED = 0, 1, 2
+PIECE_MIN_BYTES, PIECE_MAX_BYTES = 8 << 20, 64 << 20
+PIECE_ALIGN = 8192  # elements: whole fp8 pairs and whole 8-symbol vector chunks
 _PLAN_NAMES = {PLAN_NONE: "nothing", PLAN_RAW: "raw", PLAN_CODED: "compressed"}
 
 
@@ -48,6 +54,43 @@ def _describe(dtype_code: int, numel: int) -> str:
     return f"{name}[{numel}]"
 
 
+def piece_elems(numel: int, itemsize: int) -> int:
+    """Elements per pipelined piece of a compressed transfer: large transfers
+    are cut so compressing piece k+1 overlaps sending piece k (and
+    decompressing overlaps receiving). The sender announces it."""
+    nbytes = numel * itemsize
+    override = os.environ.get("PZ_PIECE_BYTES")
+    if override:
+        target = int(override)
+    elif nbytes <= 2 * PIECE_MIN_BYTES:
+        return max(numel, 1)
+    else:
+        target = min(PIECE_MAX_BYTES, max(PIECE_MIN_BYTES, nbytes // 8))
+    return max(target // itemsize // PIECE_ALIGN * PIECE_ALIGN, PIECE_ALIGN)  # even: fp8 pairs stay whole
+
+
+def _pieces(flat: torch.Tensor, per: int) -> List[torch.Tensor]:
+    return [flat[i: i + per] for i in range(0, flat.numel(), per)]
+
+
+class _SizeLater:
+    """A stream's total size, read back without waiting for later GPU work."""
+
+    def __init__(self, buf: torch.Tensor):
+        self.buf = buf
+        if buf.is_cuda:
+            self.host = torch.empty(8, dtype=torch.uint8, pin_memory=True)
+            self.host.copy_(buf[8:16], non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+
+    def get(self) -> int:
+        if not self.buf.is_cuda:
+            return codec.compressed_size(self.buf)
+        self.event.synchronize()
+        return int.from_bytes(self.host.numpy().tobytes(), "little")
+
+
 def exchange(tp: Transport, sends: Dict[int, torch.Tensor], recvs: Dict[int, torch.Tensor], coded: bool,
              timeout: float) -> Result:
     """Send sends[peer] to each peer and receive recvs[peer] from each, every
@@ -55,19 +98,9 @@ def exchange(tp: Transport, sends: Dict[int, torch.Tensor], recvs: Dict[int, tor
     res = Result()
     flat_sends = {p: t.reshape(-1) for p, t in sends.items()}
     flat_recvs = {p: t.reshape(-1) for p, t in recvs.items()}
-
-    # Compress each distinct tensor once (all_gather and broadcast send one tensor to all).
-    streams: Dict[tuple, tuple] = {}
-    out_plan: Dict[int, int] = {}
-    for p, t in flat_sends.items():
-        lay = _layout(t)
-        if coded and lay["coded"]:
-            key = (t.data_ptr(), t.numel(), t.dtype)
-            if key not in streams:
-                streams[key] = (codec._compress_padded(t), lay)
-            out_plan[p] = PLAN_CODED
-        else:
-            out_plan[p] = PLAN_RAW
+    out_plan = {p: PLAN_CODED if coded and _layout(t)["coded"] else PLAN_RAW for p, t in flat_sends.items()}
+    out_piece = {p: piece_elems(t.numel(), t.element_size()) if out_plan[p] == PLAN_CODED else 0
+                 for p, t in flat_sends.items()}
 
     # Round 1: control messages.
     peers = sorted(set(flat_sends) | set(flat_recvs))
@@ -79,61 +112,94 @@ def exchange(tp: Transport, sends: Dict[int, torch.Tensor], recvs: Dict[int, tor
                                 s is not None, code_of(s.dtype) if s is not None else 0,
                                 s.numel() if s is not None else 0, out_plan.get(p, PLAN_NONE),
                                 r is not None, code_of(r.dtype) if r is not None else 0,
-                                r.numel() if r is not None else 0, 0], dtype=torch.int64, device=dev)
+                                r.numel() if r is not None else 0, out_piece.get(p, 0)],
+                               dtype=torch.int64, device=dev)
         theirs[p] = torch.empty(10, dtype=torch.int64, device=dev)
     ops = [("send", mine[p], p) for p in peers] + [("recv", theirs[p], p) for p in peers]
     tp.wait(tp.post(ops), timeout)
-    in_plan = _check_control(tp.rank, peers, {p: mine[p].tolist() for p in peers},
-                             {p: theirs[p].tolist() for p in peers})
+    ctrl = {p: theirs[p].tolist() for p in peers}
+    in_plan = _check_control(tp.rank, peers, {p: mine[p].tolist() for p in peers}, ctrl)
 
-    # Round 2: raw tensors, raw planes and header regions.
-    ops, incoming = [], {}
-    for p, t in flat_sends.items():
-        res.raw_bytes += t.nbytes
-        if out_plan[p] == PLAN_RAW:
-            ops.append(("send", t, p))
-            res.wire_bytes += t.nbytes
-        else:
-            buf, lay = streams[(t.data_ptr(), t.numel(), t.dtype)]
-            ops += [("send", buf[lay["raw_begin"]: lay["raw_end"]], p), ("send", buf[: lay["raw_begin"]], p)]
+    # Pieces of every compressed transfer; each distinct tensor is compressed
+    # once, piece by piece, however many peers get it.
+    out_key = {p: (t.data_ptr(), t.numel(), t.dtype) for p, t in flat_sends.items() if out_plan[p] == PLAN_CODED}
+    src_pieces = {key: _pieces(flat_sends[p], out_piece[p]) for p, key in out_key.items()}
+    dst_pieces = {}
     for p, out in flat_recvs.items():
-        if in_plan[p] == PLAN_RAW:
-            ops.append(("recv", out, p))
-        else:
-            lay = _layout(out)
-            sbuf = torch.empty(lay["max_total"], dtype=torch.uint8, device=dev)
-            incoming[p] = (sbuf, lay)
-            ops += [("recv", sbuf[lay["raw_begin"]: lay["raw_end"]], p), ("recv", sbuf[: lay["raw_begin"]], p)]
-    tp.wait(tp.post(ops), timeout)
+        if in_plan[p] == PLAN_CODED:
+            per = int(ctrl[p][9])
+            if per <= 0 or (per < out.numel() and per % 2):
+                raise PeerError(f"rank {p} announced an invalid piece size {per}")
+            dst_pieces[p] = _pieces(out, per)
+    rounds = max([len(v) for v in src_pieces.values()] + [len(v) for v in dst_pieces.values()] + [1])
 
-    # Round 3: coded tails, sized by the headers.
-    ops, totals = [], {}
-    for (ptr, numel, dtype), (buf, lay) in streams.items():
-        totals[(ptr, numel, dtype)] = total = codec.compressed_size(buf)
-        res.streams.append((dtype, numel, total))
-    for p, t in flat_sends.items():
-        if out_plan[p] == PLAN_CODED:
-            key = (t.data_ptr(), t.numel(), t.dtype)
-            buf, lay = streams[key]
-            ops.append(("send", buf[lay["raw_end"]: totals[key]], p))
-            res.wire_bytes += totals[key]
-    recv_totals = {}
-    for p, (sbuf, lay) in incoming.items():
-        try:
-            info = _head_info(sbuf, lay)
-        except codec.FormatError as e:
-            raise PeerError(f"rank {p} sent an unreadable stream header: {e}") from e
-        out = flat_recvs[p]
-        if info["dtype"] != code_of(out.dtype) or info["numel"] != out.numel():
-            raise PeerError(f"rank {p} sent a stream of {_describe(info['dtype'], info['numel'])} after announcing "
-                            f"{_describe(code_of(out.dtype), out.numel())}")
-        recv_totals[p] = info["total_bytes"]
-        ops.append(("recv", sbuf[lay["raw_end"]: recv_totals[p]], p))
-        res.streams.append((out.dtype, out.numel(), recv_totals[p]))
-    tp.wait(tp.post(ops), timeout)
+    # Round 2, one group per piece: raw tensors (first group), then each
+    # piece's raw planes and header region, posted right after its compress
+    # is launched so the transfer of piece k overlaps the compress of k+1.
+    bufs: Dict[tuple, List[tuple]] = {key: [] for key in src_pieces}
+    sbufs: Dict[int, List[tuple]] = {p: [] for p in dst_pieces}
+    fixed = []
+    for k in range(rounds):
+        ops = []
+        if k == 0:
+            for p, t in flat_sends.items():
+                res.raw_bytes += t.nbytes
+                if out_plan[p] == PLAN_RAW:
+                    ops.append(("send", t, p))
+                    res.wire_bytes += t.nbytes
+            ops += [("recv", out, p) for p, out in flat_recvs.items() if in_plan[p] == PLAN_RAW]
+        for key, pieces in src_pieces.items():
+            if k < len(pieces):
+                buf = codec._compress_padded(pieces[k])
+                bufs[key].append((buf, _layout(pieces[k]), _SizeLater(buf)))
+        for p, key in out_key.items():
+            if k < len(bufs[key]):
+                buf, lay, _ = bufs[key][k]
+                ops += [("send", buf[lay["raw_begin"]: lay["raw_end"]], p), ("send", buf[: lay["raw_begin"]], p)]
+        for p, pieces in dst_pieces.items():
+            if k < len(pieces):
+                lay = _layout(pieces[k])
+                sbuf = torch.empty(lay["max_total"], dtype=torch.uint8, device=dev)
+                sbufs[p].append((sbuf, lay))
+                ops += [("recv", sbuf[lay["raw_begin"]: lay["raw_end"]], p), ("recv", sbuf[: lay["raw_begin"]], p)]
+        fixed.append(tp.post(ops))
 
-    for p, (sbuf, lay) in incoming.items():
-        codec.decompress(sbuf[: recv_totals[p]], out=flat_recvs[p])
+    # Round 3, one group per piece: coded tails, sized by the headers.
+    tails, totals = [], {}
+    for k in range(rounds):
+        tp.wait(fixed[k], timeout)
+        ops = []
+        for key, entries in bufs.items():
+            if k < len(entries):
+                totals[(key, k)] = entries[k][2].get()
+                res.streams.append((key[2], src_pieces[key][k].numel(), totals[(key, k)]))
+        for p, key in out_key.items():
+            if k < len(bufs[key]):
+                buf, lay, _ = bufs[key][k]
+                ops.append(("send", buf[lay["raw_end"]: totals[(key, k)]], p))
+                res.wire_bytes += totals[(key, k)]
+        for p, entries in sbufs.items():
+            if k < len(entries):
+                sbuf, lay = entries[k]
+                piece = dst_pieces[p][k]
+                try:
+                    info = _head_info(sbuf, lay)
+                except codec.FormatError as e:
+                    raise PeerError(f"rank {p} sent an unreadable stream header: {e}") from e
+                if info["dtype"] != code_of(piece.dtype) or info["numel"] != piece.numel():
+                    raise PeerError(f"rank {p} sent a stream of {_describe(info['dtype'], info['numel'])} where "
+                                    f"{_describe(code_of(piece.dtype), piece.numel())} was announced")
+                totals[(p, k)] = info["total_bytes"]
+                ops.append(("recv", sbuf[lay["raw_end"]: info["total_bytes"]], p))
+                res.streams.append((piece.dtype, piece.numel(), info["total_bytes"]))
+        tails.append(tp.post(ops))
+
+    # Decode piece k as soon as its tail is in; later tails keep arriving.
+    for k in range(rounds):
+        tp.wait(tails[k], timeout)
+        for p, entries in sbufs.items():
+            if k < len(entries):
+                codec.decompress(entries[k][0][: totals[(p, k)]], out=dst_pieces[p][k])
     return res
 
 
