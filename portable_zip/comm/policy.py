@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from .. import codec
 from .transport import Transport
+from .wire import PIECE_MAX_BYTES, PIECE_MIN_BYTES
 
 CODED = (torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn, torch.float8_e5m2)
 PRIOR_RATIO = {torch.bfloat16: 0.67, torch.float16: 0.85, torch.float32: 0.84,
@@ -145,7 +146,8 @@ class Policy:
 
     @staticmethod
     def _measure_codec(dtype: torch.dtype, device: torch.device):
-        nbytes = (32 << 20) if device.type == "cuda" else (1 << 20)
+        # One pipeline piece's worth on GPU: the cost a transfer pays per piece.
+        nbytes = PIECE_MAX_BYTES if device.type == "cuda" else (1 << 20)
         n = nbytes // torch.empty(0, dtype=dtype).element_size()
         g = torch.Generator(device="cpu").manual_seed(0)
         t = (torch.randn(n, generator=g) * 0.02).to(dtype).to(device)
@@ -176,23 +178,33 @@ class Policy:
         # Latency rounds of the compressed plans: control, fixed parts, tails
         # (+ the spec swap that starts every collective).
         p2p_rounds, coll_rounds = 3, 4
+
+        def piped(n, compress, wire, decompress, rounds):
+            # Large transfers move as pieces: compress, wire and decompress
+            # overlap, so the slowest stage sets the pace, plus one piece's
+            # worth of the other two to fill and drain the pipeline.
+            piece = min(n, max(PIECE_MIN_BYTES, min(PIECE_MAX_BYTES, n // 8)))
+            stages = (compress, wire, decompress)
+            return max(stages) + piece / max(n, 1) * (sum(stages) - max(stages)) + rounds * a
+
         if op in ("send", "recv"):
-            return a + nbytes * b, nbytes * (cc + cd) + p2p_rounds * a + r * nbytes * b
+            return a + nbytes * b, piped(nbytes, nbytes * cc, r * nbytes * b, nbytes * cd, p2p_rounds)
         if op == "broadcast":
-            return a * w1.bit_length() + nbytes * b, nbytes * (cc + cd) + coll_rounds * a + w1 * r * nbytes * b
+            return (a * w1.bit_length() + nbytes * b,
+                    piped(nbytes, nbytes * cc, w1 * r * nbytes * b, nbytes * cd, coll_rounds))
         if op == "all_gather":
             na, nb = c.native.get("all_gather", (w1 * a, w1 * b))
-            return na + nbytes * nb, nbytes * cc + coll_rounds * a + w1 * (r * nbytes * b + nbytes * cd)
+            return na + nbytes * nb, piped(nbytes, nbytes * cc, w1 * r * nbytes * b, w1 * nbytes * cd, coll_rounds)
         s = nbytes / max(world, 1)
         one_phase_native = w1 * (a + s * b)
-        one_phase_coded = w1 * s * (cc + cd + r * b) + coll_rounds * a
+        one_phase_coded = piped(s, w1 * s * cc, w1 * s * r * b, w1 * s * cd, coll_rounds)
         if op == "all_to_all":
             return one_phase_native, one_phase_coded
         if op == "reduce_scatter":
             return one_phase_native, one_phase_coded + nbytes * 1e-11
         if op == "all_reduce":
             na, nb = c.native.get("all_reduce", (2 * w1 * a, 2 * w1 * b / max(world, 1)))
-            return na + nbytes * nb, one_phase_coded + (s * cc + p2p_rounds * a + w1 * s * (r * b + cd))
+            return na + nbytes * nb, one_phase_coded + piped(s, s * cc, w1 * s * r * b, w1 * s * cd, p2p_rounds)
         raise ValueError(f"unknown op {op}")
 
     def choose(self, op: str, dtype: torch.dtype, nbytes: int, world: int) -> str:
