@@ -28,7 +28,8 @@ LINKS = {
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A free TCP port on loopback for a local process group."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -57,7 +58,7 @@ def spawn(world: int, fn, *args, env=None, deadline: float = 580.0):
     """Run fn(rank, world, *args) on `world` processes with the link's NCCL env; rank 0's result."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_entry, args=(r, world, port, env or {}, fn, args, queue)) for r in range(world)]
     for p in procs:
         p.start()

@@ -4,15 +4,14 @@ otherwise CPU over gloo). Rank 1 checks every tensor bit for bit."""
 from __future__ import annotations
 
 import os
-import socket
 import time
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import portable_zip as pz
+from portable_zip.comm_bench import free_port
 
 
 def state_dict(layers: int, hidden: int, vocab: int = 16_000, seed: int = 0) -> dict:
@@ -36,12 +35,6 @@ def state_dict(layers: int, hidden: int, vocab: int = 16_000, seed: int = 0) -> 
     sd["norm.weight"] = torch.ones(hidden, dtype=torch.bfloat16)
     sd["lm_head.weight"] = w(vocab, hidden, std=0.02)
     return sd
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _progress(items, desc):
@@ -114,7 +107,7 @@ def run(layers: int = 4, hidden: int = 1024) -> int:
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     with mp.Manager() as m:
         results = m.dict()
-        mp.spawn(_worker, args=(2, _free_port(), layers, hidden, use_gpu, results), nprocs=2, join=True)
+        mp.spawn(_worker, args=(2, free_port(), layers, hidden, use_gpu, results), nprocs=2, join=True)
         r = dict(results)
     link = "NCCL between 2 GPUs" if use_gpu else "gloo between 2 CPU processes (loopback)"
     gb = 1e9

@@ -1,16 +1,11 @@
 """Run a function on N local processes over gloo, with a hard deadline."""
 import datetime
 import os
-import socket
 import traceback
 
 import torch.multiprocessing as mp
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from portable_zip.comm_bench import free_port
 
 
 def _entry(fn, rank, world, port, queue, args, backend):
@@ -38,7 +33,7 @@ def run(world: int, fn, *args, deadline: float = 240.0, backend: str = "gloo") -
     the deadline is killed and reported as ("hung", "")."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_entry, args=(fn, r, world, port, queue, args, backend), daemon=True) for r in range(world)]
     for p in procs:
         p.start()

@@ -1,5 +1,4 @@
 """Bad input gets a clear error, never a crash."""
-import numpy as np
 import pytest
 import torch
 

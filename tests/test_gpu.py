@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import portable_zip as pz
-from conftest import CODED_DTYPES, fresh_rng, random_bits, same_bits, weights
+from conftest import fresh_rng, random_bits, same_bits, weights
 from test_fuzz import fuzz, make_streams
 
 pytestmark = pytest.mark.gpu

@@ -1,7 +1,6 @@
 """The first ratio bar (issue: codec core) on 64 MiB tensors drawn fresh."""
 import numpy as np
 import pytest
-import torch
 
 import portable_zip as pz
 from portable_zip.bench_data import BAR, make_tensor, exponent_entropy_bound

@@ -12,7 +12,7 @@ from typing import List, Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from .transport import Transport, as_bytes
+from .transport import Transport
 from .wire import Result, exchange
 
 
@@ -135,6 +135,6 @@ all_gather_native = getattr(dist, "all_gather_single", None) or dist.all_gather_
 reduce_scatter_native = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
-def _row_bytes(t: torch.Tensor) -> torch.Tensor:
+def row_bytes(t: torch.Tensor) -> torch.Tensor:
     r = rows(t)
     return r.view(torch.uint8) if r.shape[1] else torch.empty(r.shape[0], 0, dtype=torch.uint8, device=t.device)

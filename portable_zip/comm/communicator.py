@@ -16,7 +16,7 @@ from . import collectives as coll
 from .collectives import ReduceOp
 from .errors import MismatchError, PeerError
 from .policy import CODED, Policy
-from .transport import TorchDistTransport
+from .transport import TorchDistTransport, as_bytes
 from .wire import PROTO, WIRE_VERSION
 
 _OPS = ["send", "recv", "broadcast", "all_gather", "reduce_scatter", "all_reduce", "all_to_all"]
@@ -299,7 +299,7 @@ class Communicator:
         def run():
             t0, plan = time.perf_counter(), self._plan("broadcast", t.dtype, t.nbytes)
             if plan == "native":
-                w = dist.broadcast(coll.as_bytes(t), dist.get_global_rank(self.group, src)
+                w = dist.broadcast(as_bytes(t), dist.get_global_rank(self.group, src)
                                    if self.group is not dist.group.WORLD else src, group=self.group, async_op=True)
                 self._wait_native(w)
                 sent = t.nbytes * (self.world - 1) if self.rank == src else 0
@@ -320,7 +320,7 @@ class Communicator:
         def run():
             t0, plan = time.perf_counter(), self._plan("all_gather", inp.dtype, inp.nbytes)
             if plan == "native":
-                w = coll.all_gather_native(coll.as_bytes(out), coll.as_bytes(inp), group=self.group,
+                w = coll.all_gather_native(as_bytes(out), as_bytes(inp), group=self.group,
                                                 async_op=True)
                 self._wait_native(w)
                 sent = inp.nbytes * (self.world - 1)
@@ -388,7 +388,7 @@ class Communicator:
         def run():
             t0, plan = time.perf_counter(), self._plan("all_to_all", inp.dtype, inp.nbytes)
             if plan == "native":
-                work = dist.all_to_all_single(coll._row_bytes(out), coll._row_bytes(inp), out_splits, in_splits,
+                work = dist.all_to_all_single(coll.row_bytes(out), coll.row_bytes(inp), out_splits, in_splits,
                                               group=self.group, async_op=True)
                 self._wait_native(work)
                 sent = inp.nbytes - in_splits[self.rank] * (inp.nbytes // max(inp.shape[0], 1))
