@@ -123,6 +123,24 @@ def auto_policy(rank, world):
     dist.all_reduce(ref)
     check(comm.stats["all_reduce"]["plans"] == {"native": 1}, f"auto on loopback: {comm.stats}")
     check(same(t, ref), "native plan must equal torch.distributed")
+    # The other native paths (uint8 views, so fp8 moves on gloo too).
+    for dtype in (torch.bfloat16, torch.float8_e5m2):
+        x = data(7, rank, 1, 5000, dtype)
+        b = x.clone() if rank == 1 else empty(5000, dtype=dtype)
+        comm.broadcast(b, 1)
+        check(same(b, data(7, 1, 1, 5000, dtype)), f"native broadcast {dtype}")
+        g = empty(world * 5000, dtype=dtype)
+        comm.all_gather_single(g, x)
+        check(same(g, torch.cat([data(7, r, 1, 5000, dtype) for r in range(world)])), f"native all_gather {dtype}")
+        a2a = empty(5000, 1, dtype=dtype)
+        splits = [2500, 2500]
+        comm.all_to_all_single(a2a, x.reshape(5000, 1), splits, splits)
+        want = torch.cat([data(7, r, 1, 5000, dtype)[rank * 2500:(rank + 1) * 2500] for r in range(world)])
+        check(same(a2a.reshape(-1), want), f"native all_to_all {dtype}")
+    rs = empty(t.numel() // world, dtype=t.dtype)
+    comm.reduce_scatter_single(rs, t)
+    plans = {op: s["plans"] for op, s in comm.stats.items()}
+    check(all(set(p) == {"native"} for p in plans.values()), f"auto on loopback picks native: {plans}")
     # A slow link (0.05 GB/s) with a fast codec makes compression pay.
     slow = pz.Communicator(compress="auto", timeout=60, link_gbps=0.05, latency_us=50, codec_gbps=50)
     out = empty(world * t.numel(), dtype=t.dtype)
