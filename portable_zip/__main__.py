@@ -43,8 +43,8 @@ def _bench_codec(args) -> int:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     reps = args.reps or (20 if device == "cuda" else 3)
     rows = [r for size in args.size.split(",") for r in codec_rows(device, parse_size(size), reps)]
-    cols = ["tensor", "bytes", "ratio", "bound", "bar", "compress_GBps", "decompress_GBps", "compress_us",
-            "decompress_us"]
+    cols = ["tensor", "bytes", "ratio", "bound", "bar", "est_local_tables", "est_global_table", "compress_GBps",
+            "decompress_GBps", "compress_us", "decompress_us"]
     print_table(rows, cols, f"portable_zip codec on {device} (ratio = compressed/original; GB/s of input bytes)")
     if args.json:
         write_json(args.json, rows)

@@ -49,3 +49,40 @@ def exponent_entropy_bound(t: torch.Tensor) -> float:
     p = p[p > 0]
     h = float(-(p * np.log2(p)).sum())
     return sym.size * (h + raw_bits) / (8 * t.numel() * t.element_size())
+
+
+def table_cost(t: torch.Tensor, block_log2: int) -> dict:
+    """Ratio cost of block-local frequency tables against one global table.
+
+    Both sides are estimated with the same model (ideal rANS cost of each
+    symbol under the quantized 12-bit frequencies, plus per-block states, word
+    count, mode byte and padding), so the difference is the tables' own cost
+    and benefit: local tables pay ~40-70 B per block but fit each block's
+    statistics; a global table is paid once but fits no block exactly.
+    """
+    from . import reference as ref
+
+    sym, raw_bits = _symbols(t)
+    sym = sym.astype(np.int64)
+    n = sym.size
+    nbytes = t.numel() * t.element_size()
+    bs = 1 << block_log2
+    nblocks = -(-n // bs)
+    raw_bytes = n * raw_bits // 8
+    per_block = 1 + 3 + 4 + 4 * ref.LANES + 8 + 8  # mode, table padding (avg), W, states, offset, padding (avg)
+
+    def coded_bits(counts, freq):
+        f = np.asarray(freq, np.float64)
+        used = counts > 0
+        return float(-(counts[used] * np.log2(f[used] / ref.PROB_SCALE)).sum())
+
+    counts = [np.bincount(sym[b * bs:(b + 1) * bs], minlength=256) for b in range(nblocks)]
+    glob = np.sum(counts, axis=0)
+    gfreq = ref.quantize(glob, n)
+    local = glob_cost = 0.0
+    for c in counts:
+        lf = ref.quantize(c, int(c.sum()))
+        local += coded_bits(c, lf) / 8 + len(ref.table_bytes(lf)) + per_block
+        glob_cost += coded_bits(c, gfreq) / 8 + per_block
+    glob_cost += len(ref.table_bytes(gfreq))
+    return {"local_tables": (raw_bytes + local) / nbytes, "global_table": (raw_bytes + glob_cost) / nbytes}

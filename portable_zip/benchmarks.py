@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 import portable_zip as pz
-from .bench_data import BAR, TENSORS, exponent_entropy_bound, make_tensor
+from .bench_data import BAR, TENSORS, exponent_entropy_bound, make_tensor, table_cost
 
 
 def parse_size(s: str) -> int:
@@ -111,9 +111,13 @@ def codec_rows(device: str, nbytes: int, reps: int, names=None, seed=None) -> li
             td = median_time(lambda i: heads[i % copies](), device, reps)
         else:
             td = median_time(lambda i: pz.decompress(bufs[i % copies], out=outs[i % copies]), device, reps)
+        info = pz.inspect(bufs[0])
+        lg = int(info["block_symbols"]).bit_length() - 1 if info["block_symbols"] else 12
+        tables = table_cost(inputs[0], lg)
         rows.append({
             "tensor": name, "dtype": str(inputs[0].dtype).replace("torch.", ""), "bytes": nbytes,
             "device": device, "ratio": ratio, "bound": exponent_entropy_bound(inputs[0]), "bar": BAR[name],
+            "est_local_tables": tables["local_tables"], "est_global_table": tables["global_table"],
             "compress_GBps": nbytes / tc / 1e9, "decompress_GBps": nbytes / td / 1e9,
             "compress_us": tc * 1e6, "decompress_us": td * 1e6, "reps": reps,
         })
