@@ -113,6 +113,27 @@ def battery(rank, world, seed, sizes):
     return passed
 
 
+def async_ops(rank, world, seed):
+    """Collectives with async_op=True return a Work; queued ops run in posting order."""
+    comm = pz.Communicator(compress="always", timeout=60)
+    g = empty(world * 30_001, dtype=torch.bfloat16)
+    t = data(seed, rank, 1, 70_001, torch.float32)
+    b = data(seed, 0, 2, 10_000, torch.float16) if rank == 0 else empty(10_000, dtype=torch.float16)
+    works = [comm.all_gather_single(g, data(seed, rank, 0, 30_001, torch.bfloat16), async_op=True),
+             comm.all_reduce(t, async_op=True),
+             comm.broadcast(b, 0, async_op=True)]
+    check(all(isinstance(w, pz.Work) for w in works), "async ops return Work")
+    for w in works:
+        check(w.wait() is True, "wait() returns True")
+        check(w.is_completed(), "completed after wait")
+    check(same(g, torch.cat([data(seed, r, 0, 30_001, torch.bfloat16) for r in range(world)])), "async all_gather")
+    check(same(b, data(seed, 0, 2, 10_000, torch.float16)), "async broadcast")
+    ref = data(seed, rank, 1, 70_001, torch.float32)
+    comm.all_reduce(ref)  # the same algorithm, blocking: identical bytes
+    check(same(t, ref), "async all_reduce equals the blocking one")
+    return True
+
+
 def auto_policy(rank, world):
     """compress="auto" on a CPU/gloo group: the codec is slower than loopback, so
     the policy must pick the native plan; overrides flip it."""

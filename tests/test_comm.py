@@ -15,13 +15,19 @@ def ok(results):
 
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_every_op_every_dtype(world):
-    seed = int(np.random.default_rng().integers(0, 2**31))  # fresh inputs every run
-    sizes = [0, 1, 3, 4097, 20_001]
+    rng = np.random.default_rng()
+    seed = int(rng.integers(0, 2**31))  # fresh inputs and a fresh odd size every run
+    sizes = [0, 1, 3, 4097, 20_001, int(rng.integers(5, 60_000)) | 1]
     passed = ok(comm_harness.run(world, comm_workers.battery, seed, sizes, deadline=600))
     # 4 moving ops x 2 modes for 5 dtypes, + 4 reduction ops x 2 kinds for 3 dtypes, per size;
     # + 2 integer-valued checks per reduction op and dtype (AVG only for world 2 and 4).
     expected = len(sizes) * (4 * 2 * 5 + 4 * 2 * 3) + 2 * 3 * (4 if world in (2, 4) else 3)
     assert all(n == expected for n in passed.values()), (seed, expected, passed)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_async_collectives(world):
+    assert all(ok(comm_harness.run(world, comm_workers.async_ops, int(np.random.default_rng().integers(0, 2**31)))).values())
 
 
 def test_auto_policy():
