@@ -6,7 +6,6 @@ Shapes of Llama-3.1-8B: 32 layers, 8 KV heads of 128, 16-token blocks.
 """
 import argparse
 import json
-import time
 
 import torch
 import torch.distributed as dist
@@ -33,42 +32,10 @@ def kv_cache(tokens, device):
 
 
 def worker(rank, world, tokens, reps):
-    import portable_zip as pz
-
     device = torch.device("cuda", rank) if dist.get_backend() == "nccl" else torch.device("cpu")
     kv = kv_cache(tokens, device)
-    recv = [torch.empty_like(t) for t in kv]
     result = {"tokens": tokens, "bytes": sum(t.nbytes for t in kv), "tensors": len(kv)}
-    for mode in ("torch", "auto", "always"):
-        comm = None if mode == "torch" else pz.Communicator(compress=mode)
-
-        def move():
-            for t, r in zip(kv, recv):
-                if rank == 0:
-                    dist.send(t, 1) if comm is None else comm.send(t, 1)
-                else:
-                    dist.recv(r, 0) if comm is None else comm.recv(r, 0)
-
-        move()
-        times = []
-        for _ in range(reps):
-            dist.barrier()
-            torch.cuda.synchronize() if device.type == "cuda" else None
-            t0 = time.perf_counter()
-            move()
-            torch.cuda.synchronize() if device.type == "cuda" else None
-            el = torch.tensor([time.perf_counter() - t0], dtype=torch.float64, device=device)
-            dist.all_reduce(el, op=dist.ReduceOp.MAX)
-            times.append(el.item())
-        if rank == 1:
-            assert all(torch.equal(a.view(torch.int16), b.view(torch.int16)) for a, b in zip(kv, recv)), mode
-        result[f"{mode}_ms"] = sorted(times)[len(times) // 2] * 1e3
-        if comm is not None and rank == 0:
-            s = comm.stats.get("send", {})
-            result[f"{mode}_ratio"] = s["wire_bytes"] / s["raw_bytes"] if s.get("raw_bytes") else 1.0
-            result[f"{mode}_plans"] = s.get("plans")
-    result["auto_speedup"] = result["torch_ms"] / result["auto_ms"]
-    result["always_speedup"] = result["torch_ms"] / result["always_ms"]
+    result.update(comm_bench.p2p_modes(rank, kv, reps))
     return result
 
 

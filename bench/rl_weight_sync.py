@@ -5,7 +5,6 @@ to rank 1 (inference), in flattened buckets, raw (torch.distributed) vs ours.
 """
 import argparse
 import json
-import time
 
 import torch
 import torch.distributed as dist
@@ -55,45 +54,12 @@ def buckets(tensors, cap):
 
 
 def worker(rank, world, model, bucket_mib, reps):
-    import portable_zip as pz
-
     device = torch.device("cuda", rank) if dist.get_backend() == "nccl" else torch.device("cpu")
     sd = state_dict(model, device)
     groups = buckets(list(sd.values()), bucket_mib << 19)
     flat = [torch.cat([t.reshape(-1) for t in g]) for g in groups]  # the trainer's flattened buckets
-    recv = [torch.empty_like(f) for f in flat]
     result = {"tensors": len(sd), "bytes": sum(f.nbytes for f in flat), "buckets": len(flat)}
-    for mode in ("torch", "auto", "always"):
-        comm = None if mode == "torch" else pz.Communicator(compress=mode)
-
-        def sync():
-            for f, r in zip(flat, recv):
-                if rank == 0:
-                    dist.send(f, 1) if comm is None else comm.send(f, 1)
-                else:
-                    dist.recv(r, 0) if comm is None else comm.recv(r, 0)
-
-        sync()
-        times = []
-        for _ in range(reps):
-            dist.barrier()
-            torch.cuda.synchronize() if device.type == "cuda" else None
-            t0 = time.perf_counter()
-            sync()
-            torch.cuda.synchronize() if device.type == "cuda" else None
-            el = torch.tensor([time.perf_counter() - t0], dtype=torch.float64, device=device)
-            dist.all_reduce(el, op=dist.ReduceOp.MAX)
-            times.append(el.item())
-        if rank == 1:
-            exact = all(torch.equal(a.view(torch.int16), b.view(torch.int16)) for a, b in zip(flat, recv))
-            assert exact, f"{mode}: received weights differ"
-        result[f"{mode}_ms"] = sorted(times)[len(times) // 2] * 1e3
-        if comm is not None and rank == 0:
-            s = comm.stats.get("send", {})
-            result[f"{mode}_ratio"] = s["wire_bytes"] / s["raw_bytes"] if s.get("raw_bytes") else 1.0
-            result[f"{mode}_plans"] = s.get("plans")
-    result["auto_speedup"] = result["torch_ms"] / result["auto_ms"]
-    result["always_speedup"] = result["torch_ms"] / result["always_ms"]
+    result.update(comm_bench.p2p_modes(rank, flat, reps))
     return result
 
 

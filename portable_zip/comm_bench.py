@@ -14,6 +14,7 @@ import socket
 import statistics
 import time
 import traceback
+from queue import Empty
 
 import torch
 import torch.distributed as dist
@@ -35,49 +36,61 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _entry(rank, world, port, env, fn, args, queue):
+def _entry(rank, world, port, env, backend, pg_timeout, fn, args, queue):
     os.environ.update(SAFE_ENV)
     os.environ.update(env)
     try:
-        use_gpu = torch.cuda.is_available() and torch.cuda.device_count() >= world
-        if use_gpu:
+        if backend is None:
+            backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= world else "gloo"
+        if backend == "nccl":
             torch.cuda.set_device(rank)
-        dist.init_process_group("nccl" if use_gpu else "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=world, timeout=datetime.timedelta(seconds=300))
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=pg_timeout))
         queue.put((rank, "ok", fn(rank, world, *args)))
-    except BaseException as e:  # noqa: BLE001
-        queue.put((rank, "error", f"{e}\n{traceback.format_exc()}"))
+    except BaseException as e:  # noqa: BLE001 - report everything to the parent
+        queue.put((rank, "error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
     finally:
-        try:
-            dist.destroy_process_group()
-        except Exception:  # noqa: BLE001
-            pass
+        queue.close()
+        queue.join_thread()  # flush the result before the hard exit
+        os._exit(0)  # skip process-group teardown, which can block when a peer is gone
 
 
-def spawn(world: int, fn, *args, env=None, deadline: float = 580.0):
-    """Run fn(rank, world, *args) on `world` processes with the link's NCCL env; rank 0's result."""
+def run_ranks(world: int, fn, *args, env=None, backend=None, deadline: float = 580.0,
+              pg_timeout: float = 300.0) -> dict:
+    """Run fn(rank, world, *args) on `world` local processes (NCCL when there
+    are enough GPUs, else gloo, unless backend says). Returns {rank: ("ok",
+    value) | ("error", text) | ("hung", "")}: a rank silent at the deadline is killed."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_entry, args=(r, world, port, env or {}, fn, args, queue)) for r in range(world)]
+    procs = [ctx.Process(target=_entry, args=(r, world, port, env or {}, backend, pg_timeout, fn, args, queue),
+                         daemon=True) for r in range(world)]
     for p in procs:
         p.start()
     results = {}
     end = time.monotonic() + deadline
     while len(results) < world and time.monotonic() < end:
         try:
-            r, status, value = queue.get(timeout=1.0)
-            results[r] = (status, value)
-        except Exception:  # noqa: BLE001 - queue.Empty
-            if not any(p.is_alive() for p in procs):
+            rank, status, value = queue.get(timeout=max(0.1, min(1.0, end - time.monotonic())))
+            results[rank] = (status, value)
+        except Empty:
+            if not any(p.is_alive() for p in procs) and queue.empty():
                 break
     for p in procs:
-        p.join(timeout=10)
+        p.join(timeout=5)
         if p.is_alive():
             p.kill()
+    for r in range(world):
+        results.setdefault(r, ("hung", ""))
+    return results
+
+
+def spawn(world: int, fn, *args, env=None, deadline: float = 580.0):
+    """run_ranks for benchmarks: rank 0's result, or an error naming the failed ranks."""
+    results = run_ranks(world, fn, *args, env=env, deadline=deadline)
     errors = {r: v for r, (s, v) in results.items() if s != "ok"}
-    if errors or 0 not in results:
-        raise RuntimeError(f"benchmark workers failed: {errors or 'no result (hung)'}")
+    if errors:
+        raise RuntimeError(f"benchmark workers failed: {errors}")
     return results[0][1]
 
 
@@ -101,6 +114,39 @@ def timed(fn, device, reps: int) -> float:
         dist.all_reduce(el, op=dist.ReduceOp.MAX)
         times.append(el.item())
     return statistics.median(times)
+
+
+def p2p_modes(rank: int, tensors, reps: int) -> dict:
+    """Rank 0 sends every tensor to rank 1, with torch.distributed and then
+    with ours (compress="auto", "always"); rank 1 checks every bit. Median ms
+    per mode, and ours' wire ratio and plans."""
+    import portable_zip as pz
+
+    device = tensors[0].device
+    recv = [torch.empty_like(t) for t in tensors]
+    result = {}
+    for mode in ("torch", "auto", "always"):
+        comm = None if mode == "torch" else pz.Communicator(compress=mode)
+
+        def move():
+            for t, r in zip(tensors, recv):
+                if rank == 0:
+                    dist.send(t, 1) if comm is None else comm.send(t, 1)
+                else:
+                    dist.recv(r, 0) if comm is None else comm.recv(r, 0)
+
+        move()  # warm-up
+        result[f"{mode}_ms"] = timed(move, device, reps) * 1e3
+        if rank == 1:
+            assert all(torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
+                       for a, b in zip(tensors, recv)), f"{mode}: received tensors differ"
+        if comm is not None and rank == 0:
+            s = comm.stats.get("send", {})
+            result[f"{mode}_ratio"] = s["wire_bytes"] / s["raw_bytes"] if s.get("raw_bytes") else 1.0
+            result[f"{mode}_plans"] = s.get("plans")
+    result["auto_speedup"] = result["torch_ms"] / result["auto_ms"]
+    result["always_speedup"] = result["torch_ms"] / result["always_ms"]
+    return result
 
 
 def comm_worker(rank, world, sizes, ops, reps):

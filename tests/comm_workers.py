@@ -7,6 +7,7 @@ import torch
 import torch.distributed as dist
 
 import portable_zip as pz
+from conftest import same_bits as same
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn, torch.float8_e5m2]
 REDUCIBLE = [torch.bfloat16, torch.float16, torch.float32]
@@ -26,14 +27,6 @@ def data(seed, rank, case, numel, dtype, integer=False):
     rng = np.random.default_rng([seed, rank, case])
     v = rng.integers(-8, 9, numel).astype(np.float32) if integer else rng.standard_normal(numel, dtype=np.float32) * 0.02
     return torch.from_numpy(v).to(dtype).to(device())
-
-
-def bits(t):
-    return t.reshape(-1).view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8)
-
-
-def same(a, b):
-    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(bits(a), bits(b))
 
 
 def check(cond, msg):

@@ -202,8 +202,10 @@ class Communicator:
             return f"dtype {str(CODE_TO_DTYPE.get(v, v)).replace('torch.', '')}"
         return f"{names[min(k, 2)]} {v}"
 
-    def _wait_native(self, work) -> None:
+    def _native_done(self, op: str, t0: float, work, sent: int) -> None:
+        """Wait (bounded by the timeout) for a native op and record it."""
         self.tp.wait([work], self.timeout)
+        self._record(op, "native", t0, sent, sent)
 
     # --- point to point -------------------------------------------------------
     # isend/irecv are grouped, like torch.distributed.batch_isend_irecv (and
@@ -299,11 +301,8 @@ class Communicator:
         def run():
             t0, plan = time.perf_counter(), self._plan("broadcast", t.dtype, t.nbytes)
             if plan == "native":
-                w = dist.broadcast(as_bytes(t), dist.get_global_rank(self.group, src)
-                                   if self.group is not dist.group.WORLD else src, group=self.group, async_op=True)
-                self._wait_native(w)
-                sent = t.nbytes * (self.world - 1) if self.rank == src else 0
-                return self._record("broadcast", plan, t0, sent, sent)
+                w = dist.broadcast(as_bytes(t), self.tp.global_rank(src), group=self.group, async_op=True)
+                return self._native_done("broadcast", t0, w, t.nbytes * (self.world - 1) if self.rank == src else 0)
             self._agree("broadcast", plan, [code_of(t.dtype), t.numel(), src], same=[0, 1, 2])
             res = coll.broadcast(self.tp, t, src, plan == "compressed", self.timeout)
             self.policy.observe(res.streams if self.rank != src else res.streams[:1])
@@ -320,11 +319,8 @@ class Communicator:
         def run():
             t0, plan = time.perf_counter(), self._plan("all_gather", inp.dtype, inp.nbytes)
             if plan == "native":
-                w = coll.all_gather_native(as_bytes(out), as_bytes(inp), group=self.group,
-                                                async_op=True)
-                self._wait_native(w)
-                sent = inp.nbytes * (self.world - 1)
-                return self._record("all_gather", plan, t0, sent, sent)
+                w = coll.all_gather_native(as_bytes(out), as_bytes(inp), group=self.group, async_op=True)
+                return self._native_done("all_gather", t0, w, inp.nbytes * (self.world - 1))
             self._agree("all_gather", plan, [code_of(inp.dtype), inp.numel()], same=[0, 1])
             res = coll.all_gather(self.tp, out, inp, plan == "compressed", self.timeout)
             self.policy.observe(res.streams)
@@ -345,9 +341,7 @@ class Communicator:
             t0, plan = time.perf_counter(), self._plan("reduce_scatter", inp.dtype, inp.nbytes)
             if plan == "native":
                 w = coll.reduce_scatter_native(out, inp, op=op.native(), group=self.group, async_op=True)
-                self._wait_native(w)
-                sent = out.nbytes * (self.world - 1)
-                return self._record("reduce_scatter", plan, t0, sent, sent)
+                return self._native_done("reduce_scatter", t0, w, out.nbytes * (self.world - 1))
             self._agree("reduce_scatter", plan, [code_of(inp.dtype), inp.numel(), list(ReduceOp).index(op)],
                         same=[0, 1, 2])
             res = coll.reduce_scatter(self.tp, out, inp, op, plan == "compressed", self.timeout)
@@ -364,9 +358,7 @@ class Communicator:
             t0, plan = time.perf_counter(), self._plan("all_reduce", t.dtype, t.nbytes)
             if plan == "native":
                 w = dist.all_reduce(t, op=op.native(), group=self.group, async_op=True)
-                self._wait_native(w)
-                sent = 2 * t.nbytes * (self.world - 1) // self.world
-                return self._record("all_reduce", plan, t0, sent, sent)
+                return self._native_done("all_reduce", t0, w, 2 * t.nbytes * (self.world - 1) // self.world)
             self._agree("all_reduce", plan, [code_of(t.dtype), t.numel(), list(ReduceOp).index(op)], same=[0, 1, 2])
             rs, ag = coll.all_reduce(self.tp, t, op, plan == "compressed", self.timeout)
             self.policy.observe(ag.streams)
@@ -388,11 +380,10 @@ class Communicator:
         def run():
             t0, plan = time.perf_counter(), self._plan("all_to_all", inp.dtype, inp.nbytes)
             if plan == "native":
-                work = dist.all_to_all_single(coll.row_bytes(out), coll.row_bytes(inp), out_splits, in_splits,
-                                              group=self.group, async_op=True)
-                self._wait_native(work)
+                w = dist.all_to_all_single(coll.row_bytes(out), coll.row_bytes(inp), out_splits, in_splits,
+                                           group=self.group, async_op=True)
                 sent = inp.nbytes - in_splits[self.rank] * (inp.nbytes // max(inp.shape[0], 1))
-                return self._record("all_to_all", plan, t0, sent, sent)
+                return self._native_done("all_to_all", t0, w, sent)
             # Rank j's input split for rank i must equal rank i's output split from j.
             rows = self._agree("all_to_all", plan, [code_of(inp.dtype), *in_splits, *out_splits], same=[0])
             for j, row in enumerate(rows):

@@ -102,21 +102,13 @@ class Policy:
             return 0.0, 0.0
         small, big = (64 << 10, 16 << 20) if tp.device.type == "cuda" else (16 << 10, 2 << 20)
         nxt, prv = (tp.rank + 1) % tp.world, (tp.rank - 1) % tp.world
-        times = {}
-        for size in (small, big):
+
+        def ring(size):
             a = torch.empty(size, dtype=torch.uint8, device=tp.device)
             b = torch.empty(size, dtype=torch.uint8, device=tp.device)
-            best = float("inf")
-            for _ in range(3):
-                _sync(tp.device)
-                t0 = time.perf_counter()
-                tp.wait(tp.post([("send", a, nxt), ("recv", b, prv)]), 60.0)
-                _sync(tp.device)
-                best = min(best, time.perf_counter() - t0)
-            times[size] = best
-        beta = max((times[big] - times[small]) / (big - small), 1e-13)
-        alpha = max(times[small] - small * beta, 0.0)
-        return alpha, beta
+            return lambda: tp.wait(tp.post([("send", a, nxt), ("recv", b, prv)]), 60.0)
+
+        return _alpha_beta(ring, small, big, tp.device)
 
     @staticmethod
     def _measure_native(op: str, tp: Transport, group):
@@ -126,23 +118,15 @@ class Policy:
         small, big = (256 << 10, 32 << 20) if tp.device.type == "cuda" else (16 << 10, 2 << 20)
         from .collectives import all_gather_native
 
-        times = {}
-        for size in (small, big):
+        def collective(size):
             t = torch.zeros(size // 2, dtype=torch.bfloat16, device=tp.device)
             out = torch.empty(tp.world * t.numel(), dtype=t.dtype, device=tp.device)
             run = (lambda: all_gather_native(out, t, group=group)) if op == "all_gather" else \
                 (lambda: dist.all_reduce(t, group=group))
-            run()
-            best = float("inf")
-            for _ in range(3):
-                _sync(tp.device)
-                t0 = time.perf_counter()
-                run()
-                _sync(tp.device)
-                best = min(best, time.perf_counter() - t0)
-            times[size] = best
-        beta = max((times[big] - times[small]) / (big - small), 1e-13)
-        return max(times[small] - small * beta, 0.0), beta
+            run()  # warm-up
+            return run
+
+        return _alpha_beta(collective, small, big, tp.device)
 
     @staticmethod
     def _measure_codec(dtype: torch.dtype, device: torch.device):
@@ -223,6 +207,23 @@ class Policy:
         for dtype, (wire, raw) in per.items():
             if raw:
                 self.ratio[dtype] = 0.5 * self.ratio.get(dtype, 1.0) + 0.5 * (wire / raw)
+
+
+def _alpha_beta(make_run, small: int, big: int, device: torch.device):
+    """(alpha, beta) fitted to the best of 3 timed runs of make_run(size)() at two sizes."""
+    times = {}
+    for size in (small, big):
+        run = make_run(size)
+        best = float("inf")
+        for _ in range(3):
+            _sync(device)
+            t0 = time.perf_counter()
+            run()
+            _sync(device)
+            best = min(best, time.perf_counter() - t0)
+        times[size] = best
+    beta = max((times[big] - times[small]) / (big - small), 1e-13)
+    return max(times[small] - small * beta, 0.0), beta
 
 
 def _sync(device: torch.device) -> None:

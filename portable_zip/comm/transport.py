@@ -49,6 +49,9 @@ class TorchDistTransport:
         self._global = [dist.get_global_rank(self.group, r) if self.group is not dist.group.WORLD else r
                         for r in range(self.world)]
 
+    def global_rank(self, r: int) -> int:
+        return self._global[r]
+
     def connect(self, timeout: float) -> None:
         """Create every pairwise connection now, with all ranks present: NCCL
         builds p2p communicators lazily and that set-up blocks the host, so a
@@ -69,9 +72,9 @@ class TorchDistTransport:
             if len(ops) == 1 and self.backend != "nccl":
                 kind, t, peer = ops[0]
                 fn = dist.isend if kind == "send" else dist.irecv
-                return [fn(as_bytes(t), self._global[peer], group=self.group)]
+                return [fn(as_bytes(t), self.global_rank(peer), group=self.group)]
             return dist.batch_isend_irecv([dist.P2POp(dist.isend if kind == "send" else dist.irecv, as_bytes(t),
-                                                      self._global[peer], self.group) for kind, t, peer in ops])
+                                                      self.global_rank(peer), self.group) for kind, t, peer in ops])
         except RuntimeError as e:
             raise PeerError(f"{self.name}: posting {len(ops)} transfers failed: {e}") from e
 
