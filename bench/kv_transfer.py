@@ -5,13 +5,12 @@ Shapes of Llama-3.1-8B: 32 layers, 8 KV heads of 128, 16-token blocks.
     python bench/kv_transfer.py [--tokens 8192] [--link nvlink-1ch] [--json out.json]
 """
 import argparse
-import json
 
 import torch
 import torch.distributed as dist
 
 from portable_zip import comm_bench
-from portable_zip.benchmarks import machine_info
+from portable_zip.benchmarks import report
 
 LAYERS, KV_HEADS, HEAD_DIM, BLOCK = 32, 8, 128, 16
 
@@ -48,10 +47,7 @@ def main():
     a = p.parse_args()
     res = comm_bench.spawn(2, worker, a.tokens, a.reps, env=comm_bench.LINKS[a.link])
     res["link"] = a.link
-    print(json.dumps(res, indent=1))
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"machine": machine_info(), "result": res}, f, indent=1, default=str)
+    report(res, a.json)
 
 
 if __name__ == "__main__":

@@ -4,13 +4,12 @@ to rank 1 (inference), in flattened buckets, raw (torch.distributed) vs ours.
     python bench/rl_weight_sync.py [--model 1b|8b] [--link nvlink-1ch] [--json out.json]
 """
 import argparse
-import json
 
 import torch
 import torch.distributed as dist
 
 from portable_zip import comm_bench
-from portable_zip.benchmarks import machine_info
+from portable_zip.benchmarks import report
 
 MODELS = {  # hidden, layers, ffn, vocab, kv_heads, heads  (Llama-3.2-1B, Llama-3.1-8B)
     "1b": (2048, 16, 8192, 128256, 8, 32),
@@ -73,10 +72,7 @@ def main():
     a = p.parse_args()
     res = comm_bench.spawn(2, worker, a.model, a.bucket_mib, a.reps, env=comm_bench.LINKS[a.link])
     res.update(model=a.model, link=a.link)
-    print(json.dumps(res, indent=1))
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"machine": machine_info(), "result": res}, f, indent=1, default=str)
+    report(res, a.json)
 
 
 if __name__ == "__main__":

@@ -157,6 +157,14 @@ def _cell(v) -> str:
     return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
+def report(result: dict, path: Optional[str]) -> None:
+    """Print one benchmark's result and, with a path, save it beside the machine's details."""
+    print(json.dumps(result, indent=1, default=str))
+    if path:
+        with open(path, "w") as f:
+            json.dump({"machine": machine_info(), "result": result}, f, indent=1, default=str)
+
+
 def write_json(path: str, rows: list, extra: Optional[dict] = None) -> None:
     doc = {"machine": machine_info(), "rows": rows}
     if extra:
