@@ -149,15 +149,17 @@ NB_MODULE(_C, m) {
     return gpu_compress_workspace_bytes(plan(dtype, numel, shape));
   });
   m.def("compress_gpu", [](uintptr_t in, int dtype, uint64_t numel, const std::vector<int64_t>& shape, uintptr_t out,
-                           uintptr_t workspace, uintptr_t stream) {
+                           uintptr_t workspace, uintptr_t stream, int max_sms) {
     check(gpu_compress(ptr<const uint8_t>(in), plan(dtype, numel, shape), ptr<uint8_t>(out), ptr<void>(workspace),
-                       ptr<void>(stream)));
-  });
+                       ptr<void>(stream), max_sms));
+  }, nb::arg("in"), nb::arg("dtype"), nb::arg("numel"), nb::arg("shape"), nb::arg("out"), nb::arg("workspace"),
+     nb::arg("stream"), nb::arg("max_sms") = 0);
   m.def("decompress_gpu", [](nb::bytes head, uintptr_t in, uint64_t in_len, uintptr_t out, uintptr_t err,
-                             uintptr_t stream) {
+                             uintptr_t stream, int max_sms) {
     check(gpu_decompress(ptr<const uint8_t>(in), parse(head, in_len), ptr<uint8_t>(out), ptr<uint32_t>(err),
-                         ptr<void>(stream)));
-  });
+                         ptr<void>(stream), max_sms));
+  }, nb::arg("head"), nb::arg("in"), nb::arg("in_len"), nb::arg("out"), nb::arg("err"), nb::arg("stream"),
+     nb::arg("max_sms") = 0);
   m.def("device_info", [](int device) {
     int warp = 0, sms = 0;
     check(gpu_device_info(device, &warp, &sms));

@@ -11,13 +11,28 @@ static int fail(rt::Error e, const char* what) {
   return kRuntimeError;
 }
 
+// Persistent grid: as many CTAs as fit at once on max_sms SMs (all when <= 0),
+// never more than there is work for.
+template <class K>
+static int persistent_grid(K kernel, uint64_t smem, uint64_t work, int max_sms, unsigned* grid) {
+  int dev = 0, sms = 0, per_sm = 0;
+  rt::Error e = rt::current_device(&dev);
+  if (e == rt::kSuccess) e = rt::sm_count(dev, &sms);
+  if (e == rt::kSuccess) e = rt::occupancy(&per_sm, kernel, gpu::kCtaThreads, smem);
+  if (e != rt::kSuccess) return fail(e, "sizing the grid");
+  if (max_sms > 0 && max_sms < sms) sms = max_sms;
+  const uint64_t cap = static_cast<uint64_t>(sms) * static_cast<uint64_t>(per_sm > 0 ? per_sm : 1);
+  *grid = static_cast<unsigned>(work < cap ? work : cap);
+  return kOk;
+}
+
 uint64_t gpu_compress_workspace_bytes(const fmt::Header& h) {
   const fmt::Layout l = fmt::layout_of(h);
   const uint64_t ctas = (l.nblocks + gpu::kGroupsPerCta - 1) / gpu::kGroupsPerCta;
   return 8 * ctas + 16;  // look-back status word per CTA + ticket counter
 }
 
-int gpu_compress(const uint8_t* in, const fmt::Header& h, uint8_t* out, void* workspace, void* stream) {
+int gpu_compress(const uint8_t* in, const fmt::Header& h, uint8_t* out, void* workspace, void* stream, int max_sms) {
   if (h.codec != fmt::Codec::Rans || h.block_log2 > fmt::kEncoderMaxBlockLog2 ||
       reinterpret_cast<uintptr_t>(out) % fmt::kAlign || reinterpret_cast<uintptr_t>(workspace) % 8) {
     set_last_error("gpu_compress: needs a rANS header, block_log2 <= 14, 16-byte aligned output, 8-byte aligned workspace", "");
@@ -42,14 +57,16 @@ int gpu_compress(const uint8_t* in, const fmt::Header& h, uint8_t* out, void* wo
     auto kernel = aligned ? gpu::compress_kernel<D, true> : gpu::compress_kernel<D, false>;
     rt::Error err = rt::set_max_dynamic_smem(kernel, static_cast<int>(smem));
     if (err != rt::kSuccess) return fail(err, "raising the compress kernel's shared-memory limit");
-    kernel<<<static_cast<unsigned>(grid), gpu::kCtaThreads, smem, s>>>(p);
+    unsigned ctas = 0;
+    if (const int rc = persistent_grid(kernel, smem, grid, max_sms, &ctas)) return rc;
+    kernel<<<ctas, gpu::kCtaThreads, smem, s>>>(p);
     err = rt::last_error();
     return err == rt::kSuccess ? static_cast<int>(kOk) : fail(err, "launching the compress kernel");
   });
   return rc;
 }
 
-int gpu_decompress(const uint8_t* in, const fmt::Header& h, uint8_t* out, uint32_t* err, void* stream) {
+int gpu_decompress(const uint8_t* in, const fmt::Header& h, uint8_t* out, uint32_t* err, void* stream, int max_sms) {
   if (h.codec != fmt::Codec::Rans || reinterpret_cast<uintptr_t>(in) % fmt::kAlign) {
     set_last_error("gpu_decompress: needs a rANS stream in a 16-byte-aligned buffer", "");
     return kBadArgument;
@@ -60,7 +77,9 @@ int gpu_decompress(const uint8_t* in, const fmt::Header& h, uint8_t* out, uint32
   const uint64_t smem = gpu::kGroupsPerCta * gpu::kDecompressSmemPerGroup;
   const uint64_t grid = (l.nblocks + gpu::kGroupsPerCta - 1) / gpu::kGroupsPerCta;
   return PZ_DISPATCH_CODED_DTYPE(h.dtype, D, [&] {
-    gpu::decompress_kernel<D><<<static_cast<unsigned>(grid), gpu::kCtaThreads, smem, s>>>(p);
+    unsigned ctas = 0;
+    if (const int rc = persistent_grid(gpu::decompress_kernel<D>, smem, grid, max_sms, &ctas)) return rc;
+    gpu::decompress_kernel<D><<<ctas, gpu::kCtaThreads, smem, s>>>(p);
     const rt::Error e = rt::last_error();
     return e == rt::kSuccess ? static_cast<int>(kOk) : fail(e, "launching the decompress kernel");
   });

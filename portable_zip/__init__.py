@@ -11,6 +11,7 @@ from .codec import (  # noqa: E402
     decompress_batch,
     inspect,
     max_compressed_size,
+    sm_budget,
     trim,
 )
 from . import ops  # noqa: E402,F401  (registers torch.ops.portable_zip.*)
@@ -18,5 +19,5 @@ from .comm import Communicator, MismatchError, PeerError, PeerTimeout, ReduceOp,
 
 __all__ = [
     "Communicator", "MismatchError", "PeerError", "PeerTimeout", "ReduceOp", "Work", "FormatError", "backend_info", "compress", "compress_batch", "compressed_size", "decompress",
-    "decompress_batch", "inspect", "max_compressed_size", "trim",
+    "decompress_batch", "inspect", "max_compressed_size", "sm_budget", "trim",
 ]

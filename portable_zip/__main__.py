@@ -16,7 +16,10 @@ def main(argv=None) -> int:
     b = sub.add_parser("bench", help="benchmarks")
     b.add_argument("--codec", action="store_true", help="codec ratio and throughput")
     b.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
-    b.add_argument("--size", default="64MiB", help="tensor sizes, comma-separated, e.g. 4MiB,64MiB")
+    b.add_argument("--size", default=None, help="tensor sizes, comma-separated (default: 1MiB..1GiB on GPU, 64MiB on CPU)")
+    b.add_argument("--systems", default="ours,nvcomp,dietgpu", help="GPU: systems measured side by side")
+    b.add_argument("--max-sms", default="", help="GPU: also measure ours under these SM budgets, e.g. 33,66")
+    b.add_argument("--png", default=None, help="GPU: write the throughput-vs-size plot here")
     b.add_argument("--reps", type=int, default=None)
     b.add_argument("--json", default=None, help="write results to this JSON file")
 
@@ -41,8 +44,16 @@ def _bench_codec(args) -> int:
     from .benchmarks import codec_rows, parse_size, print_table, write_json
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    reps = args.reps or (20 if device == "cuda" else 3)
-    rows = [r for size in args.size.split(",") for r in codec_rows(device, parse_size(size), reps)]
+    if device == "cuda":  # ours vs nvCOMP vs DietGPU, side by side (bench/codec.py)
+        from . import codec_bench
+
+        argv = ["--systems", args.systems, "--sizes", args.size or codec_bench.DEFAULT_SIZES,
+                "--reps", str(args.reps or 20), "--max-sms", args.max_sms]
+        argv += ["--json", args.json] if args.json else []
+        argv += ["--png", args.png] if args.png else []
+        return codec_bench.main(argv)
+    reps = args.reps or 3
+    rows = [r for size in (args.size or "64MiB").split(",") for r in codec_rows(device, parse_size(size), reps)]
     cols = ["tensor", "bytes", "ratio", "bound", "bar", "est_local_tables", "est_global_table", "compress_GBps",
             "decompress_GBps", "compress_us", "decompress_us"]
     print_table(rows, cols, f"portable_zip codec on {device} (ratio = compressed/original; GB/s of input bytes)")

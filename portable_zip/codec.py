@@ -1,7 +1,9 @@
 """compress / decompress / inspect over torch tensors, CPU or GPU."""
 from __future__ import annotations
 
-from typing import Optional, Sequence
+import contextlib
+import threading
+from typing import Iterator, Optional, Sequence
 
 import torch
 
@@ -59,7 +61,35 @@ def _stream() -> int:
     return torch.cuda.current_stream().cuda_stream
 
 
-def _compress_padded(t: torch.Tensor, threads: Optional[int] = None) -> torch.Tensor:
+_budget = threading.local()
+
+
+@contextlib.contextmanager
+def sm_budget(max_sms: Optional[int]) -> Iterator[None]:
+    """Limit GPU compress/decompress in this thread to max_sms SMs (None: all),
+    so the codec can share the GPU with compute running beside it."""
+    if max_sms is not None and int(max_sms) < 1:
+        raise ValueError(f"max_sms must be >= 1 or None, got {max_sms}")
+    old = getattr(_budget, "max_sms", None)
+    _budget.max_sms = None if max_sms is None else int(max_sms)
+    try:
+        yield
+    finally:
+        _budget.max_sms = old
+
+
+def _max_sms(max_sms: Optional[int]) -> int:
+    """The SM limit for one call (0 = all): the argument, else the sm_budget in force."""
+    if max_sms is None:
+        max_sms = getattr(_budget, "max_sms", None)
+    if max_sms is None:
+        return 0
+    if int(max_sms) < 1:
+        raise ValueError(f"max_sms must be >= 1 or None, got {max_sms}")
+    return int(max_sms)
+
+
+def _compress_padded(t: torch.Tensor, threads: Optional[int] = None, max_sms: int = 0) -> torch.Tensor:
     """Compress into a buffer of max_compressed_size bytes; the header holds the true size."""
     _check_tensor(t, "input")
     code, numel, shape = _plan(t)
@@ -76,7 +106,7 @@ def _compress_padded(t: torch.Tensor, threads: Optional[int] = None) -> torch.Te
                 out[len(head):].copy_(t.reshape(-1).view(torch.uint8))
             return out
         ws = torch.empty(_C.compress_workspace_bytes(code, numel, shape), dtype=torch.uint8, device=t.device)
-        _C.compress_gpu(t.data_ptr(), code, numel, shape, out.data_ptr(), ws.data_ptr(), _stream())
+        _C.compress_gpu(t.data_ptr(), code, numel, shape, out.data_ptr(), ws.data_ptr(), _stream(), max_sms)
     return out
 
 
@@ -94,14 +124,16 @@ def trim(buf: torch.Tensor) -> torch.Tensor:
     return _trim(buf)
 
 
-def compress(t: torch.Tensor, *, trim: Optional[bool] = None, threads: Optional[int] = None) -> torch.Tensor:
+def compress(t: torch.Tensor, *, trim: Optional[bool] = None, threads: Optional[int] = None,
+             max_sms: Optional[int] = None) -> torch.Tensor:
     """Compress any tensor into a self-describing uint8 tensor on the same device.
 
     On CPU the result is trimmed to the stream size. On GPU it is, by default,
     the padded buffer (max_compressed_size bytes; no host synchronization); the
     header carries the true size: see compressed_size(), trim() and inspect().
+    max_sms limits a GPU call to that many SMs (default: the sm_budget in force, else all).
     """
-    buf = _compress_padded(t, threads)
+    buf = _compress_padded(t, threads, _max_sms(max_sms))
     if trim is None:
         trim = buf.device.type == "cpu"
     return _trim(buf) if trim else buf
@@ -119,8 +151,10 @@ def _header(buf) -> tuple:
     return head, _C.parse_header(head, buf.numel())
 
 
-def decompress(buf: torch.Tensor, *, out: Optional[torch.Tensor] = None, threads: Optional[int] = None) -> torch.Tensor:
+def decompress(buf: torch.Tensor, *, out: Optional[torch.Tensor] = None, threads: Optional[int] = None,
+               max_sms: Optional[int] = None) -> torch.Tensor:
     """Bit-exact inverse of compress: same dtype, shape and device (or into out)."""
+    sms = _max_sms(max_sms)
     head, info = _header(buf)
     dtype = dtype_of(info["dtype"])
     shape = tuple(info["shape"])
@@ -144,7 +178,8 @@ def decompress(buf: torch.Tensor, *, out: Optional[torch.Tensor] = None, threads
                 out.reshape(-1).view(torch.uint8).copy_(buf[info["raw_begin"]: info["raw_end"]])
             return out
         err = torch.zeros(1, dtype=torch.int32, device=buf.device)
-        _C.decompress_gpu(head, buf.data_ptr(), buf.numel(), out.data_ptr(), err.data_ptr(), _stream())
+        _C.decompress_gpu(head, buf.data_ptr(), buf.numel(), out.data_ptr(), err.data_ptr(), _stream(),
+                          sms)
         bits = int(err.item())
     if bits:
         raise FormatError(_C.decode_error_text(bits))

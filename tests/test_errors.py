@@ -115,3 +115,16 @@ def test_max_compressed_size_arguments():
     with pytest.raises(TypeError):
         pz.max_compressed_size(10, torch.quint8)
     assert pz.max_compressed_size(0, torch.bfloat16) > 0
+
+
+def test_bad_sm_budget():
+    t = torch.zeros(10, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="max_sms"):
+        pz.compress(t, max_sms=0)
+    with pytest.raises(ValueError, match="max_sms"):
+        pz.decompress(pz.compress(t), max_sms=-2)
+    with pytest.raises(ValueError, match="max_sms"):
+        with pz.sm_budget(0):
+            pass
+    with pz.sm_budget(4):  # CPU calls accept and ignore the GPU budget
+        assert torch.equal(pz.decompress(pz.compress(t)), t)

@@ -32,20 +32,20 @@ struct DecompressParams {
   fmt::Header h;
 };
 
-// Shared memory per group for compress: 8 replicated 16-bit-pair histograms
-// (lane & 7: skewed data sends most lanes to one bin, and replicas cut the
-// atomic conflicts 8x), merged counts, the encode table, frequency scratch,
-// then the segment staging buffer.
-// The histograms live at the end of the staging buffer: they are dead before
-// the first coded word is staged, and sharing the space buys occupancy.
-constexpr uint64_t kHistReplicas = 8;
-constexpr uint64_t kHistBytes = kHistReplicas * 128 * 4 + 256 * 4;  // replicas + merged counts
+// Shared memory per group for compress: the encode table (whose first 1 KB
+// holds the merged counts until the table is built), frequency scratch, then
+// the segment staging buffer. Pass 1 counts into 32 lane-private histograms of
+// 16-bit pairs laid out [word][lane], so every lane always hits its own bank
+// and no two lanes touch one address (skewed data sends most lanes to one
+// symbol). They live in the staging buffer: they are dead before the table
+// bytes or the first coded word are written there.
+constexpr uint64_t kHistBytes = 128 * fmt::kLanes * 4;
 constexpr uint64_t kMaxTableBytes = 1 + 32 + 2 * 256;
 constexpr uint64_t kCompressTableBytes = 256 * 8 + 256 * 2;           // encode table + frequencies
 PZ_HOST_DEVICE constexpr uint64_t staging_bytes(int block_log2) {
-  return fmt::align_up(1 + (1ull << block_log2), fmt::kAlign) > kMaxTableBytes + 16 + kHistBytes
+  return fmt::align_up(1 + (1ull << block_log2), fmt::kAlign) > kHistBytes
              ? fmt::align_up(1 + (1ull << block_log2), fmt::kAlign)
-             : fmt::align_up(kMaxTableBytes + 16 + kHistBytes, fmt::kAlign);
+             : kHistBytes;
 }
 PZ_HOST_DEVICE constexpr uint64_t compress_smem_per_group(int block_log2) {
   return kCompressTableBytes + staging_bytes(block_log2);
@@ -257,20 +257,22 @@ PZ_DEVICE uint64_t encode_block(const CompressParams& p, const fmt::Layout& l, u
   uint2* enc = reinterpret_cast<uint2*>(base);                   // [256]
   uint16_t* freq = reinterpret_cast<uint16_t*>(enc + 256);        // [256]
   uint8_t* buf = reinterpret_cast<uint8_t*>(freq + 256);          // staging
-  uint32_t* hist = reinterpret_cast<uint32_t*>(buf + staging_bytes(h.block_log2) - kHistBytes);  // [8][128]
-  uint32_t* counts = hist + kHistReplicas * 128;                  // [256]
+  uint32_t* hist = reinterpret_cast<uint32_t*>(buf);              // [128 words][32 lanes]
+  uint32_t* counts = reinterpret_cast<uint32_t*>(enc);            // [256], until enc is built
   const uint64_t first = b << h.block_log2;
   const uint32_t n = fmt::block_symbols(h, l, b);
 
-  // Pass 1: split, histogram, raw planes. Block counts stay below 2^16, so
-  // two 16-bit counters share a word.
-  for (uint32_t i = lane; i < kHistReplicas * 128; i += fmt::kLanes) hist[i] = 0;
+  // Pass 1: split, histogram, raw planes. A lane sees at most 2^14 / 32
+  // symbols of a block, so two 16-bit counters share a word.
+  group_sync();  // the previous block's segment has left the staging buffer
+  for (uint32_t i = lane; i < kHistBytes / 16; i += fmt::kLanes) reinterpret_cast<uint4*>(hist)[i] = make_uint4(0, 0, 0, 0);
   group_sync();
-  uint32_t* my_hist = hist + (lane & (kHistReplicas - 1)) * 128;
-  auto count = [&](uint32_t sym) { atomic_add<Scope::Block>(&my_hist[sym >> 1], 1u << (16 * (sym & 1))); };
+  auto count = [&](uint32_t sym) {
+    atomic_add<Scope::Block>(&hist[(sym >> 1) * fmt::kLanes + lane], 1u << (16 * (sym & 1)));
+  };
   uint32_t scalar_from = 0;
   if (Aligned) {
-    // Two rows per iteration, both loads issued before either is used.
+    // Software pipeline: the next two rows are in flight while two are consumed.
     constexpr uint32_t kRow = fmt::kLanes * kChunkSyms;
     auto row_full = [&](uint32_t row) { return chunk_in_range<D>(h, first, row + (fmt::kLanes - 1) * kChunkSyms, n); };
     auto consume = [&](uint32_t i, const RawChunk<D>& r) {
@@ -282,17 +284,24 @@ PZ_DEVICE uint64_t encode_block(const CompressParams& p, const fmt::Layout& l, u
         *reinterpret_cast<uint4*>(p.out + l.plane16_begin + 2 * (first + i)) =
             make_uint4(c.raw16[0], c.raw16[1], c.raw16[2], c.raw16[3]);
     };
+    const uint32_t mine = lane * kChunkSyms;
     uint32_t row = 0;
-    for (;; row += 2 * kRow) {
-      const bool full0 = row_full(row), full1 = full0 && row_full(row + kRow);
-      if (!full1) break;
-      const RawChunk<D> r0 = load_raw<D>(p.in, first + row + lane * kChunkSyms);
-      const RawChunk<D> r1 = load_raw<D>(p.in, first + row + kRow + lane * kChunkSyms);
-      consume(row + lane * kChunkSyms, r0);
-      consume(row + kRow + lane * kChunkSyms, r1);
+    bool fa = row_full(0), fb = fa && row_full(kRow);
+    RawChunk<D> a{}, bb{};
+    if (fa) a = load_raw<D>(p.in, first + mine);
+    if (fb) bb = load_raw<D>(p.in, first + kRow + mine);
+    while (fb) {
+      const uint32_t next = row + 2 * kRow;
+      const bool na = row_full(next), nb = na && row_full(next + kRow);
+      RawChunk<D> c{}, d{};
+      if (na) c = load_raw<D>(p.in, first + next + mine);
+      if (nb) d = load_raw<D>(p.in, first + next + kRow + mine);
+      consume(row + mine, a);
+      consume(row + kRow + mine, bb);
+      a = c, bb = d, row = next, fa = na, fb = nb;
     }
-    if (row_full(row)) {
-      consume(row + lane * kChunkSyms, load_raw<D>(p.in, first + row + lane * kChunkSyms));
+    if (fa) {
+      consume(row + mine, a);
       row += kRow;
     }
     scalar_from = row;
@@ -303,10 +312,15 @@ PZ_DEVICE uint64_t encode_block(const CompressParams& p, const fmt::Layout& l, u
     write_raw(p.out, l, plane16, first + i, sp);
   }
   group_sync();
-  for (int s = lane; s < 256; s += fmt::kLanes) {
-    uint32_t c = 0;
-    for (uint32_t r = 0; r < kHistReplicas; ++r) c += (hist[r * 128 + (s >> 1)] >> (16 * (s & 1))) & 0xffff;
-    counts[s] = c;
+  // Merge: lane L sums words 4L..4L+3 over the 32 histograms, starting at its
+  // own histogram so the 32 lanes read 32 different banks.
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const uint32_t w = 4 * lane + j;
+    uint32_t sum = 0;
+    for (int r = 0; r < fmt::kLanes; ++r) sum += hist[w * fmt::kLanes + ((r + lane) & (fmt::kLanes - 1))];
+    counts[2 * w] = sum & 0xffff;
+    counts[2 * w + 1] = sum >> 16;
   }
   group_sync();
   quantize_group(counts, n, freq);
@@ -331,16 +345,20 @@ PZ_DEVICE uint64_t encode_block(const CompressParams& p, const fmt::Layout& l, u
   uint32_t x = fmt::kStateLow;
   uint32_t words = 0;
   uint16_t* wbuf = reinterpret_cast<uint16_t*>(buf + prefix);  // prefix is even
-  // The next row's chunk is loaded while the current row encodes.
-  RawChunk<D> next{};
-  if (Aligned && chunk_in_range<D>(h, first, lane * kChunkSyms, n)) next = load_raw<D>(p.in, first + lane * kChunkSyms);
-  for (uint32_t row = 0; row < n && !stored; row += fmt::kLanes * kChunkSyms) {
+  // The next two rows' chunks are in flight while the current row encodes.
+  constexpr uint32_t kRow = fmt::kLanes * kChunkSyms;
+  RawChunk<D> next1{}, next2{};
+  if (Aligned && chunk_in_range<D>(h, first, lane * kChunkSyms, n)) next1 = load_raw<D>(p.in, first + lane * kChunkSyms);
+  if (Aligned && chunk_in_range<D>(h, first, kRow + lane * kChunkSyms, n))
+    next2 = load_raw<D>(p.in, first + kRow + lane * kChunkSyms);
+  for (uint32_t row = 0; row < n && !stored; row += kRow) {
     uint32_t lo = 0, hi = 0;
     const uint32_t mine = row + lane * kChunkSyms;
     const bool vec = Aligned && chunk_in_range<D>(h, first, mine, n);
-    const RawChunk<D> cur = next;
-    const uint32_t ahead = mine + fmt::kLanes * kChunkSyms;
-    if (Aligned && chunk_in_range<D>(h, first, ahead, n)) next = load_raw<D>(p.in, first + ahead);
+    const RawChunk<D> cur = next1;
+    next1 = next2;
+    const uint32_t ahead = mine + 2 * kRow;
+    if (Aligned && chunk_in_range<D>(h, first, ahead, n)) next2 = load_raw<D>(p.in, first + ahead);
     if (vec) {
       const Chunk<D> c = split_chunk<D>(cur);
       lo = c.sym[0];
@@ -399,9 +417,11 @@ PZ_DEVICE uint64_t encode_block(const CompressParams& p, const fmt::Layout& l, u
   return padded;
 }
 
-// One CTA takes a ticket and encodes blocks ticket*kGroupsPerCta + group. The
-// look-back runs per CTA, by group 0 only: on wave64 both groups share one
-// wave, so no group may spin on a result its wave-mate has yet to produce.
+// A persistent CTA takes tickets until the blocks run out; ticket t encodes
+// blocks t*kGroupsPerCta + group. Tickets are handed out in order, so every
+// look-back waits only on CTAs already running. The look-back runs per CTA,
+// by group 0 only: on wave64 both groups share one wave, so no group may spin
+// on a result its wave-mate has yet to produce.
 template <fmt::DType D, bool Aligned>
 PZ_GLOBAL void __launch_bounds__(kCtaThreads) compress_kernel(CompressParams p) {
   constexpr bool plane16 = fmt::has_plane16(D);
@@ -416,40 +436,44 @@ PZ_GLOBAL void __launch_bounds__(kCtaThreads) compress_kernel(CompressParams p) 
   uint8_t* base = smem + group * compress_smem_per_group(h.block_log2);
   uint8_t* buf = base + kCompressTableBytes;
 
-  if (threadIdx.x == 0) cta_ticket = atomic_add<Scope::Device>(p.ticket, 1u);
-  __syncthreads();
-  const uint64_t ticket = cta_ticket;
-  const uint64_t b = ticket * kGroupsPerCta + group;
-  const bool active = b < l.nblocks;
-  const uint64_t padded = active ? encode_block<D, Aligned>(p, l, b, base) : 0;
-  if (lane == 0) cta_size[group] = padded;
-  __syncthreads();
-  if (group == 0) {
-    uint64_t agg = 0;
-    for (int g = 0; g < kGroupsPerCta; ++g) agg += cta_size[g];
-    const uint64_t excl = lookback(p.status, ticket, agg);
-    if (lane == 0) cta_excl = excl;
-  }
-  __syncthreads();
-  if (!active) return;
-  uint64_t excl = cta_excl;
-  for (int g = 0; g < group; ++g) excl += cta_size[g];
-
-  uint8_t* dst = p.out + l.coded_begin + excl;
-  for (uint64_t i = lane; i < padded / 16; i += fmt::kLanes)
-    reinterpret_cast<uint4*>(dst)[i] = reinterpret_cast<const uint4*>(buf)[i];
-  if (lane == 0) *reinterpret_cast<uint64_t*>(p.out + l.offsets_begin + 8 * b) = excl + padded;
-  if (b == 0) {
-    // Header (minus the total, which the last block owns) and the zero gaps.
-    for (uint64_t i = lane; i < l.raw_begin; i += fmt::kLanes)
-      if (i < 8 || i >= 16) p.out[i] = p.header[i];
-    for (uint64_t i = l.raw_begin + l.nsym + lane; i < l.plane16_begin && plane16; i += fmt::kLanes) p.out[i] = 0;
-    for (uint64_t i = l.raw_end + lane; i < l.offsets_begin; i += fmt::kLanes) p.out[i] = 0;
-    for (uint64_t i = l.offsets_begin + 8 * l.nblocks + lane; i < l.coded_begin; i += fmt::kLanes) p.out[i] = 0;
-  }
-  if (b + 1 == l.nblocks && lane == 0) {
-    const uint64_t total = l.coded_begin + excl + padded;
-    for (int i = 0; i < 8; ++i) p.out[8 + i] = static_cast<uint8_t>(total >> (8 * i));
+  for (;;) {
+    if (threadIdx.x == 0) cta_ticket = atomic_add<Scope::Device>(p.ticket, 1u);
+    __syncthreads();
+    const uint64_t ticket = cta_ticket;
+    if (ticket * kGroupsPerCta >= l.nblocks) return;  // CTA-uniform
+    const uint64_t b = ticket * kGroupsPerCta + group;
+    const bool active = b < l.nblocks;
+    const uint64_t padded = active ? encode_block<D, Aligned>(p, l, b, base) : 0;
+    if (lane == 0) cta_size[group] = padded;
+    __syncthreads();
+    if (group == 0) {
+      uint64_t agg = 0;
+      for (int g = 0; g < kGroupsPerCta; ++g) agg += cta_size[g];
+      const uint64_t excl = lookback(p.status, ticket, agg);
+      if (lane == 0) cta_excl = excl;
+    }
+    __syncthreads();
+    if (active) {
+      uint64_t excl = cta_excl;
+      for (int g = 0; g < group; ++g) excl += cta_size[g];
+      uint8_t* dst = p.out + l.coded_begin + excl;
+      for (uint64_t i = lane; i < padded / 16; i += fmt::kLanes)
+        reinterpret_cast<uint4*>(dst)[i] = reinterpret_cast<const uint4*>(buf)[i];
+      if (lane == 0) *reinterpret_cast<uint64_t*>(p.out + l.offsets_begin + 8 * b) = excl + padded;
+      if (b == 0) {
+        // Header (minus the total, which the last block owns) and the zero gaps.
+        for (uint64_t i = lane; i < l.raw_begin; i += fmt::kLanes)
+          if (i < 8 || i >= 16) p.out[i] = p.header[i];
+        for (uint64_t i = l.raw_begin + l.nsym + lane; i < l.plane16_begin && plane16; i += fmt::kLanes) p.out[i] = 0;
+        for (uint64_t i = l.raw_end + lane; i < l.offsets_begin; i += fmt::kLanes) p.out[i] = 0;
+        for (uint64_t i = l.offsets_begin + 8 * l.nblocks + lane; i < l.coded_begin; i += fmt::kLanes) p.out[i] = 0;
+      }
+      if (b + 1 == l.nblocks && lane == 0) {
+        const uint64_t total = l.coded_begin + excl + padded;
+        for (int i = 0; i < 8; ++i) p.out[8 + i] = static_cast<uint8_t>(total >> (8 * i));
+      }
+    }
+    __syncthreads();  // cta_ticket, cta_size and the staging buffers are reused
   }
 }
 
@@ -472,99 +496,129 @@ PZ_DEVICE PZ_FORCE_INLINE void store_element(uint8_t* out, uint64_t i, uint64_t 
   }
 }
 
+// Decodes block b into p.out; returns DecodeError bits (group-uniform).
 template <fmt::DType D>
-PZ_GLOBAL void __launch_bounds__(kCtaThreads) decompress_kernel(DecompressParams p) {
-  using T = FloatTraits<D>;
+PZ_DEVICE uint32_t decode_block(const DecompressParams& p, const fmt::Layout& l, uint64_t b, uint8_t* base) {
   constexpr bool plane16 = fmt::has_plane16(D);
-  extern __shared__ __align__(16) uint8_t smem[];
+  constexpr int kRowSteps = 8;
   const fmt::Header& h = p.h;
-  const fmt::Layout l = fmt::layout_of(h);
   const int lane = group_lane();
-  const int group = static_cast<int>(threadIdx.x) / fmt::kLanes;
-  const uint64_t b = static_cast<uint64_t>(blockIdx.x) * kGroupsPerCta + group;
-  if (b >= l.nblocks) return;
-  uint8_t* base = smem + group * kDecompressSmemPerGroup;
   uint32_t* encsym = reinterpret_cast<uint32_t*>(base);
   uint16_t* freq = reinterpret_cast<uint16_t*>(encsym + 256);
   uint8_t* lookup = reinterpret_cast<uint8_t*>(freq + 256);
   int32_t* shared_tb = reinterpret_cast<int32_t*>(lookup + fmt::kProbScale);
 
   uint64_t sb, se;
-  if (!segment_bounds(p.in, h, l, b, &sb, &se)) {
-    if (lane == 0) atomic_or<Scope::Device>(p.err, kErrOffsets);
-    return;
-  }
+  if (!segment_bounds(p.in, h, l, b, &sb, &se)) return kErrOffsets;
   const uint8_t* seg = p.in + l.coded_begin + sb;
   const uint64_t seglen = se - sb;
   const uint64_t first = b << h.block_log2;
   const uint32_t n = fmt::block_symbols(h, l, b);
-  const uint8_t* raw8 = p.in + l.raw_begin;
+  const uint8_t* raw8 = p.in + l.raw_begin + first;
+  const uint16_t* raw16 = reinterpret_cast<const uint16_t*>(p.in + l.plane16_begin) + first;  // 16-byte aligned plane
   if (seg[0] == fmt::kModeStored) {
-    if (seglen < 1ull + n) {
-      if (lane == 0) atomic_or<Scope::Device>(p.err, kErrSegment);
-      return;
-    }
+    if (seglen < 1ull + n) return kErrSegment;
     for (uint32_t i = lane; i < n; i += fmt::kLanes)
-      store_element<D>(p.out, first + i, h.numel, seg[1 + i], raw8[first + i], raw16_at(p.in, l, plane16, first + i));
-    return;
+      store_element<D>(p.out, first + i, h.numel, seg[1 + i], raw8[i], plane16 ? raw16[i] : 0);
+    return 0;
   }
-  if (seg[0] != fmt::kModeRans) {
-    if (lane == 0) atomic_or<Scope::Device>(p.err, kErrSegment);
-    return;
-  }
-  if (lane == 0) {
-    const int tb = rans::parse_table(seg + 1, seg + seglen, freq);
-    if (tb >= 0) build_encsym(freq, encsym);
-    *shared_tb = tb;
-  }
+  if (seg[0] != fmt::kModeRans) return kErrSegment;
+  group_sync();  // the previous block's tables are no longer read
+  if (lane == 0) *shared_tb = rans::parse_table(seg + 1, seg + seglen, freq);
   group_sync();
   const int table_bytes = *shared_tb;
-  if (table_bytes < 0) {
-    if (lane == 0) atomic_or<Scope::Device>(p.err, kErrTable);
-    return;
+  if (table_bytes < 0) return kErrTable;
+  // Cumulative frequencies (lane L owns symbols 8L..8L+7), then the
+  // slot -> symbol table, every lane filling a stride of each symbol's slots.
+  uint32_t f8[8], c8[8], local = 0;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) f8[k] = freq[8 * lane + k], local += f8[k];
+  uint32_t cum = group_exclusive_scan(local);
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    c8[k] = cum;
+    encsym[8 * lane + k] = f8[k] | (cum << 16);
+    cum += f8[k];
   }
-  for (int s = lane; s < 256; s += fmt::kLanes) {
-    const uint32_t c = encsym[s] >> 16, f = encsym[s] & 0xffff;
-    for (uint32_t k = 0; k < f; ++k) lookup[c + k] = static_cast<uint8_t>(s);
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    for (uint32_t m = group_ballot(f8[k] != 0); m; m &= m - 1) {
+      const int src = ffs32(m) - 1;
+      const uint32_t c = group_shfl(c8[k], src), f = group_shfl(f8[k], src);
+      for (uint32_t t = lane; t < f; t += fmt::kLanes) lookup[c + t] = static_cast<uint8_t>(8 * src + k);
+    }
   }
   const uint64_t wpos = fmt::align_up(1 + table_bytes, 4);
   const uint64_t prefix = rans::rans_prefix_bytes(table_bytes);
   const uint64_t words = prefix <= seglen ? get_u32(seg + wpos) : 0;
-  if (prefix > seglen || prefix + 2 * words > seglen) {
-    if (lane == 0) atomic_or<Scope::Device>(p.err, kErrSegment);
-    return;
-  }
+  if (prefix > seglen || prefix + 2 * words > seglen) return kErrSegment;
   uint32_t x = get_u32(seg + wpos + 4 + 4 * lane);
-  if (group_ballot(x < fmt::kStateLow)) {
-    if (lane == 0) atomic_or<Scope::Device>(p.err, kErrStream);
-    return;
-  }
-  group_sync();  // lookup complete
+  if (group_ballot(x < fmt::kStateLow)) return kErrStream;
+  group_sync();  // tables complete
   const uint16_t* wp = reinterpret_cast<const uint16_t*>(seg + prefix);  // the launcher checks 16B alignment
   uint64_t rp = words;
   const uint32_t steps = (n + fmt::kLanes - 1) / fmt::kLanes;
+  const int64_t rows = (steps + kRowSteps - 1) / kRowSteps;
+  // Raw bits for the next row of 8 steps are loaded while this row decodes:
+  // their global latency stays off the state chain.
+  uint8_t cur8[kRowSteps] = {}, nxt8[kRowSteps] = {};
+  uint16_t cur16[kRowSteps] = {}, nxt16[kRowSteps] = {};
+  auto load_row = [&](int64_t r, uint8_t* v8, uint16_t* v16) {
+#pragma unroll
+    for (int k = 0; k < kRowSteps; ++k) {
+      const uint32_t idx = static_cast<uint32_t>(r * kRowSteps + k) * fmt::kLanes + lane;
+      if (r >= 0 && idx < n) {
+        v8[k] = raw8[idx];
+        if (plane16) v16[k] = raw16[idx];
+      }
+    }
+  };
+  load_row(rows - 1, cur8, cur16);
   bool ok = true;
-  for (uint32_t s = steps; s-- > 0;) {
-    const uint32_t idx = s * fmt::kLanes + lane;
-    const bool valid = idx < n;
-    if (valid) {
-      const uint8_t sym = lookup[x & (fmt::kProbScale - 1)];
-      const uint32_t es = encsym[sym];
-      x = rans::dec_step(x, es & 0xffff, es >> 16);
-      store_element<D>(p.out, first + idx, h.numel, sym, raw8[first + idx], raw16_at(p.in, l, plane16, first + idx));
+  for (int64_t r = rows - 1; r >= 0 && ok; --r) {
+    load_row(r - 1, nxt8, nxt16);
+    // Pull the coded words of the next rows toward L1 (about 40 words a row).
+    if (lane < 2) prefetch_l1(wp + (rp > 64u * (lane + 1) ? rp - 64u * (lane + 1) : 0));
+#pragma unroll
+    for (int k = kRowSteps - 1; k >= 0; --k) {
+      const uint32_t s = static_cast<uint32_t>(r * kRowSteps + k);
+      if (s >= steps || !ok) continue;  // group-uniform
+      const uint32_t idx = s * fmt::kLanes + lane;
+      const bool valid = idx < n;
+      if (valid) {
+        const uint8_t sym = lookup[x & (fmt::kProbScale - 1)];
+        const uint32_t es = encsym[sym];
+        x = rans::dec_step(x, es & 0xffff, es >> 16);
+        store_element<D>(p.out, first + idx, h.numel, sym, cur8[k], cur16[k]);
+      }
+      const bool need = valid && x < fmt::kStateLow;
+      const uint32_t ballot = group_ballot(need);
+      const uint32_t count = popc32(ballot);
+      if (count > rp) {
+        ok = false;
+        continue;
+      }
+      if (need) x = (x << 16) | wp[rp - count + popc32(ballot & group_lanemask_lt())];
+      rp -= count;
     }
-    const bool need = valid && x < fmt::kStateLow;
-    const uint32_t ballot = group_ballot(need);
-    const uint32_t count = popc32(ballot);
-    if (count > rp) {
-      ok = false;  // group-uniform
-      break;
-    }
-    if (need) x = (x << 16) | wp[rp - count + popc32(ballot & group_lanemask_lt())];
-    rp -= count;
+#pragma unroll
+    for (int k = 0; k < kRowSteps; ++k) cur8[k] = nxt8[k], cur16[k] = nxt16[k];
   }
-  if (!ok || rp != 0 || group_ballot(x != fmt::kStateLow)) {
-    if (lane == 0) atomic_or<Scope::Device>(p.err, kErrStream);
+  if (!ok || rp != 0 || group_ballot(x != fmt::kStateLow)) return kErrStream;
+  return 0;
+}
+
+// Persistent: each group strides over the blocks.
+template <fmt::DType D>
+PZ_GLOBAL void __launch_bounds__(kCtaThreads) decompress_kernel(DecompressParams p) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  const fmt::Layout l = fmt::layout_of(p.h);
+  const int group = static_cast<int>(threadIdx.x) / fmt::kLanes;
+  uint8_t* base = smem + group * kDecompressSmemPerGroup;
+  const uint64_t stride = static_cast<uint64_t>(gridDim.x) * kGroupsPerCta;
+  for (uint64_t b = static_cast<uint64_t>(blockIdx.x) * kGroupsPerCta + group; b < l.nblocks; b += stride) {
+    const uint32_t e = decode_block<D>(p, l, b, base);
+    if (e && group_lane() == 0) atomic_or<Scope::Device>(p.err, e);
   }
 }
 

@@ -20,6 +20,10 @@ inline Error max_smem_optin(int dev, int* v) {
   return hipDeviceGetAttribute(v, hipDeviceAttributeMaxSharedMemoryPerBlock, dev);
 }
 template <class K>
+inline Error occupancy(int* ctas, K kernel, int threads, size_t smem) {
+  return hipOccupancyMaxActiveBlocksPerMultiprocessor(ctas, kernel, threads, smem);
+}
+template <class K>
 inline Error set_max_dynamic_smem(K kernel, int bytes) {
   return hipFuncSetAttribute(reinterpret_cast<const void*>(kernel), hipFuncAttributeMaxDynamicSharedMemorySize, bytes);
 }
@@ -35,6 +39,10 @@ inline Error warp_size(int dev, int* v) { return cudaDeviceGetAttribute(v, cudaD
 inline Error sm_count(int dev, int* v) { return cudaDeviceGetAttribute(v, cudaDevAttrMultiProcessorCount, dev); }
 inline Error max_smem_optin(int dev, int* v) {
   return cudaDeviceGetAttribute(v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+}
+template <class K>
+inline Error occupancy(int* ctas, K kernel, int threads, size_t smem) {
+  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas, kernel, threads, smem);
 }
 template <class K>
 inline Error set_max_dynamic_smem(K kernel, int bytes) {

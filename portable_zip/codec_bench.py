@@ -1,0 +1,186 @@
+"""Codec throughput side by side: ours vs nvCOMP ANS vs DietGPU's float codec,
+on the same tensors in one run, plus ours on every dtype and under SM budgets.
+
+Each system is measured in its own child process (a reference that faults
+cannot take the others down); the parent merges the rows, prints the table,
+writes the JSON and the plot. Throughput is GB/s of input bytes: the median
+of the timed reps, each timed with device events around one call, inputs
+rotated across more than 3x L2. A busy-wait kernel is queued before each rep
+so host-side call overhead is not counted as device time.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from typing import List, Optional
+
+import torch
+
+from .bench_data import TENSORS, exponent_entropy_bound
+from .benchmarks import fmt_size, machine_info, parse_size, print_table
+from .ref_codecs import LABELS, SYSTEMS
+
+DEFAULT_SIZES = "1MiB,4MiB,16MiB,64MiB,256MiB,1GiB"
+HEAD_TO_HEAD = "bf16 N(0,0.02^2)"
+
+
+def device_median(fn, reps: int, warmup: int = 3) -> float:
+    """Median seconds of fn(rep) on the GPU, the host kept ahead by a queued sleep."""
+    for i in range(warmup):
+        fn(i)
+    torch.cuda.synchronize()
+    times = []
+    for i in range(reps):
+        torch.cuda._sleep(2_000_000)  # ~1 ms of GPU time: the host enqueues the rep meanwhile
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn(i)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(times)
+
+
+def gpu_tensor(name: str, nbytes: int, gen: torch.Generator) -> torch.Tensor:
+    """bench_data.make_tensor's distributions, drawn on the GPU (seconds instead of minutes at 1 GiB)."""
+    dtype, dist, _ = TENSORS[name]
+    n = nbytes // torch.empty(0, dtype=dtype).element_size()
+    if dist == "uniform":
+        v = torch.rand(n, generator=gen, device="cuda", dtype=torch.float32).mul_(2).sub_(1)
+    else:
+        v = torch.randn(n, generator=gen, device="cuda", dtype=torch.float32)
+        if dist == "normal0.02":
+            v.mul_(0.02)
+    return v.to(dtype)
+
+
+def measure(system: str, tensors: List[str], sizes: List[int], reps: int, seed: int,
+            max_sms: Optional[List[int]] = None) -> list:
+    rows = []
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    for name in tensors:
+        for nbytes in sizes:
+            gen = torch.Generator(device="cuda").manual_seed(seed * 1_000_003 + nbytes + list(TENSORS).index(name))
+            copies = max(1, -(-3 * l2 // nbytes))
+            inputs = [gpu_tensor(name, nbytes, gen) for _ in range(copies)]
+            budgets = max_sms if (system == "ours" and max_sms) else [None]
+            for sms in budgets:
+                prep = None
+                row = {"system": system, "label": LABELS[system], "tensor": name, "bytes": nbytes,
+                       "max_sms": sms, "reps": reps}
+                try:
+                    prep = SYSTEMS[system](inputs, max_sms=sms) if system == "ours" else SYSTEMS[system](inputs)
+                    comp, decomp, size = prep
+                    tc, td = device_median(comp, reps), device_median(decomp, reps)
+                    row.update(ratio=size / nbytes, compress_GBps=nbytes / tc / 1e9,
+                               decompress_GBps=nbytes / td / 1e9, compress_us=tc * 1e6, decompress_us=td * 1e6)
+                    if sms is None:
+                        row["bound"] = exponent_entropy_bound(inputs[0].reshape(-1)[: 1 << 24])  # i.i.d.: a slice suffices
+                except Exception as e:  # a reference that is missing or fails is reported, not fatal
+                    row["error"] = f"{type(e).__name__}: {e}"[:300]
+                    print(f"{system} {name} {fmt_size(nbytes)}: {row['error']}", file=sys.stderr, flush=True)
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+                del prep
+            del inputs
+            torch.cuda.empty_cache()
+    return rows
+
+
+def _child(system: str, tensors: str, sizes: str, reps: int, seed: int, max_sms: str = "") -> list:
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+        path = f.name
+    cmd = [sys.executable, "-P", "-m", "portable_zip.codec_bench", "--worker", system, "--out", path,
+           "--sizes", sizes, "--tensors", tensors, "--reps", str(reps), "--seed", str(seed), "--max-sms", max_sms]
+    rc = subprocess.run(cmd).returncode
+    rows = json.load(open(path)) if os.path.getsize(path) else []
+    os.unlink(path)
+    if rc != 0:
+        rows.append({"system": system, "label": LABELS[system], "error": f"worker exited with {rc}"})
+    return rows
+
+
+def plot(rows: list, path: str, tensor: str = HEAD_TO_HEAD) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
+    for ax, key, title in ((axes[0], "compress_GBps", "compress"), (axes[1], "decompress_GBps", "decompress")):
+        for system in SYSTEMS:
+            pts = sorted((r["bytes"], r[key]) for r in rows if r.get("system") == system and r.get("tensor") == tensor
+                         and r.get("max_sms") is None and key in r)
+            if pts:
+                ax.plot([p[0] / 2**20 for p in pts], [p[1] for p in pts], marker="o", label=LABELS[system])
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("input size (MiB)")
+        ax.set_title(f"{title}, {tensor}")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].set_ylabel("GB/s of input bytes")
+    axes[0].legend()
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "GPU"
+    fig.suptitle(f"GPU codec throughput on one {gpu} (higher is better)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--systems", default="ours,nvcomp,dietgpu")
+    p.add_argument("--sizes", default=DEFAULT_SIZES)
+    p.add_argument("--tensors", default=f"{HEAD_TO_HEAD},bf16 U[-1,1]", help="tensors every system runs at every size")
+    p.add_argument("--dtype-size", default="256MiB", help="ours runs the other dtypes at this size ('' to skip)")
+    p.add_argument("--max-sms", default="", help="ours on the first tensor under these SM budgets, e.g. 33,66,132")
+    p.add_argument("--budget-size", default="256MiB,1GiB")
+    p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", default=None)
+    p.add_argument("--png", default=None)
+    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--out", default=None, help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("the codec comparison needs a GPU (nvCOMP and DietGPU are GPU-only); "
+              "for CPU figures run: python -m portable_zip bench --codec --device cpu", file=sys.stderr)
+        return 2
+    if a.worker:
+        sizes = [parse_size(s) for s in a.sizes.split(",")]
+        sms = [int(x) for x in a.max_sms.split(",") if x] or None
+        rows = measure(a.worker, a.tensors.split(","), sizes, a.reps, a.seed, sms)
+        json.dump(rows, open(a.out, "w"))
+        return 0
+    systems = a.systems.split(",")
+    jobs = [(s, a.tensors, a.sizes, "") for s in systems]
+    others = ",".join(t for t in TENSORS if t not in a.tensors.split(","))
+    if "ours" in systems and a.dtype_size and others:
+        jobs.append(("ours", others, a.dtype_size, ""))
+    if "ours" in systems and a.max_sms:
+        jobs.append(("ours", a.tensors.split(",")[0], a.budget_size, a.max_sms))
+    rows = [r for job in jobs for r in _child(*job[:3], a.reps, a.seed, job[3])]
+    ok = [r for r in rows if "error" not in r]
+    print_table(ok, ["label", "tensor", "bytes", "max_sms", "ratio", "compress_GBps", "decompress_GBps",
+                     "compress_us", "decompress_us"],
+                "codec throughput (GB/s of input bytes; ratio = compressed/original)")
+    for r in rows:
+        if "error" in r:
+            print(f"ERROR {r.get('label')} {r.get('tensor', '')} {r.get('bytes', '')}: {r['error']}")
+    doc = {"machine": machine_info(), "method": __doc__, "rows": rows}
+    if a.json:
+        os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
+        with open(a.json, "w") as f:
+            json.dump(doc, f, indent=1, default=str)
+            f.write("\n")
+    if a.png:
+        plot(rows, a.png)
+    return 0 if any(r["system"] == "ours" for r in ok) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

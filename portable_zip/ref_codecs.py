@@ -1,0 +1,136 @@
+"""The reference GPU codecs we measure beside ours, behind one small interface.
+
+Each adapter takes a list of same-size input tensors (rotated so no rep hits
+L2) and returns (compress(i), decompress(i), compressed_bytes): the two
+callables enqueue one call on the current stream with every buffer allocated
+beforehand and no host synchronization, so device events time the kernels.
+Setup follows ../shared/ANCHORS.md.
+"""
+from __future__ import annotations
+
+import os
+from typing import Callable, List, Tuple
+
+import torch
+
+Prepared = Tuple[Callable[[int], None], Callable[[int], None], int]
+
+
+def ours(inputs: List[torch.Tensor], max_sms=None) -> Prepared:
+    import portable_zip as pz
+    from . import _C, codec
+
+    bufs = [pz.compress(t) for t in inputs]
+    outs = [torch.empty_like(t) for t in inputs]
+    for t, b, o in zip(inputs, bufs, outs):
+        pz.decompress(b, out=o)
+        assert torch.equal(o.view(torch.uint8), t.view(torch.uint8)), "round trip"
+    t0 = inputs[0]
+    code, numel, shape = codec._plan(t0)
+    cap = _C.max_compressed_size(code, numel, shape)
+    cbufs = [torch.empty(cap, dtype=torch.uint8, device=t0.device) for _ in inputs]
+    ws = torch.empty(_C.compress_workspace_bytes(code, numel, shape), dtype=torch.uint8, device=t0.device)
+    heads = [codec._header(b)[0] for b in bufs]
+    err = torch.zeros(1, dtype=torch.int32, device=t0.device)
+    sms = codec._max_sms(max_sms)
+
+    def comp(i: int) -> None:
+        k = i % len(inputs)
+        _C.compress_gpu(inputs[k].data_ptr(), code, numel, shape, cbufs[k].data_ptr(), ws.data_ptr(),
+                        codec._stream(), sms)
+
+    def decomp(i: int) -> None:
+        k = i % len(inputs)
+        _C.decompress_gpu(heads[k], bufs[k].data_ptr(), bufs[k].numel(), outs[k].data_ptr(), err.data_ptr(),
+                          codec._stream(), sms)
+
+    return comp, decomp, pz.compressed_size(bufs[0])
+
+
+class _TorchBuffer:
+    """A device allocation nvCOMP asks for, served by torch's caching allocator."""
+
+    def __init__(self, nbytes: int, device: torch.device):
+        self.t = torch.empty(max(int(nbytes), 1), dtype=torch.uint8, device=device)
+        self.ptr = self.t.data_ptr()
+
+
+def nvcomp_ans(inputs: List[torch.Tensor]) -> Prepared:
+    from nvidia import nvcomp
+
+    dev = inputs[0].device
+    nvcomp.set_device_allocator(lambda nbytes, stream=None: _TorchBuffer(nbytes, dev))
+    codec = nvcomp.Codec(algorithm="ANS", data_type="<f2", cuda_stream=torch.cuda.current_stream().cuda_stream)
+    nbytes = inputs[0].numel() * inputs[0].element_size()
+    arrays = [nvcomp.as_array(t.reshape(-1).view(torch.uint8)) for t in inputs]
+    cap = int(codec.get_max_comp_buffer_size(arrays[0]))
+    ccfg = codec.compression_config(nbytes)
+    dcfg = codec.decompression_config(ccfg)
+    cbufs = [torch.empty(cap, dtype=torch.uint8, device=dev) for _ in inputs]
+    couts = [nvcomp.as_array(b) for b in cbufs]
+    encoded = [codec.encode(a, out=o, compression_config=ccfg) for a, o in zip(arrays, couts)]
+    outs = [torch.empty(nbytes, dtype=torch.uint8, device=dev) for _ in inputs]
+    douts = [nvcomp.as_array(o) for o in outs]
+    for e, o, t in zip(encoded, douts, inputs):
+        codec.decode(e, out=o, decompression_config=dcfg)
+    torch.cuda.synchronize()
+    for o, t in zip(outs, inputs):
+        assert torch.equal(o, t.reshape(-1).view(torch.uint8)), "nvCOMP round trip"
+    size = _array_bytes(encoded[0])
+
+    def comp(i: int) -> None:
+        k = i % len(inputs)
+        codec.encode(arrays[k], out=couts[k], compression_config=ccfg)
+
+    def decomp(i: int) -> None:
+        k = i % len(inputs)
+        codec.decode(encoded[k], out=douts[k], decompression_config=dcfg)
+
+    return comp, decomp, size
+
+
+def _array_bytes(a) -> int:
+    for attr in ("buffer_size", "size"):
+        v = getattr(a, attr, None)
+        if isinstance(v, int):
+            return v * (getattr(a, "item_size", 1) if attr == "size" else 1)
+    return int(a.shape[0])
+
+
+def dietgpu_float(inputs: List[torch.Tensor]) -> Prepared:
+    lib = os.environ.get("PZ_DIETGPU_LIB")
+    if not lib or not os.path.exists(lib):
+        raise RuntimeError("DietGPU is not built: set PZ_DIETGPU_LIB to libdietgpu.so (bench/ref/build_dietgpu.sh)")
+    torch.ops.load_library(lib)
+    ops = torch.ops.dietgpu
+    dev = inputs[0].device
+    temp = torch.empty(max(512 << 20, 2 * inputs[0].numel() * inputs[0].element_size()), dtype=torch.uint8,
+                       device=dev)
+    rows, cols = ops.max_float_compressed_output_size([inputs[0]])
+    comps = [torch.empty([rows, cols], dtype=torch.uint8, device=dev) for _ in inputs]
+    sizes = [torch.zeros([1], dtype=torch.int, device=dev) for _ in inputs]
+    outs = [torch.empty_like(t) for t in inputs]
+    status = torch.empty([1], dtype=torch.uint8, device=dev)
+    out_sizes = torch.empty([1], dtype=torch.int32, device=dev)
+    for k, t in enumerate(inputs):
+        ops.compress_data(True, [t], temp, comps[k], sizes[k])
+    views = [[c[0]] for c in comps]
+    for k in range(len(inputs)):
+        ops.decompress_data(True, views[k], [outs[k]], temp, status, out_sizes)
+    torch.cuda.synchronize()
+    for o, t in zip(outs, inputs):
+        assert torch.equal(o.view(torch.uint8), t.view(torch.uint8)), "DietGPU round trip"
+
+    def comp(i: int) -> None:
+        k = i % len(inputs)
+        ops.compress_data(True, [inputs[k]], temp, comps[k], sizes[k])
+
+    def decomp(i: int) -> None:
+        k = i % len(inputs)
+        ops.decompress_data(True, views[k], [outs[k]], temp, status, out_sizes)
+
+    return comp, decomp, int(sizes[0].item())
+
+
+SYSTEMS = {"ours": ours, "nvcomp": nvcomp_ans, "dietgpu": dietgpu_float}
+LABELS = {"ours": "portable_zip", "nvcomp": "nvCOMP 6.0 ANS (<f2)", "dietgpu": "DietGPU float"}
