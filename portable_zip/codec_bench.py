@@ -135,7 +135,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--systems", default="ours,nvcomp,dietgpu")
     p.add_argument("--sizes", default=DEFAULT_SIZES)
-    p.add_argument("--tensors", default=f"{HEAD_TO_HEAD},bf16 U[-1,1]", help="tensors every system runs at every size")
+    p.add_argument("--tensors", default=f"{HEAD_TO_HEAD};bf16 U[-1,1]", help="tensors every system runs at every size, ;-separated")
     p.add_argument("--dtype-size", default="256MiB", help="ours runs the other dtypes at this size ('' to skip)")
     p.add_argument("--max-sms", default="", help="ours on the first tensor under these SM budgets, e.g. 33,66,132")
     p.add_argument("--budget-size", default="256MiB,1GiB")
@@ -153,16 +153,16 @@ def main(argv=None) -> int:
     if a.worker:
         sizes = [parse_size(s) for s in a.sizes.split(",")]
         sms = [int(x) for x in a.max_sms.split(",") if x] or None
-        rows = measure(a.worker, a.tensors.split(","), sizes, a.reps, a.seed, sms)
+        rows = measure(a.worker, a.tensors.split(";"), sizes, a.reps, a.seed, sms)
         json.dump(rows, open(a.out, "w"))
         return 0
     systems = a.systems.split(",")
     jobs = [(s, a.tensors, a.sizes, "") for s in systems]
-    others = ",".join(t for t in TENSORS if t not in a.tensors.split(","))
+    others = ";".join(t for t in TENSORS if t not in a.tensors.split(";"))
     if "ours" in systems and a.dtype_size and others:
         jobs.append(("ours", others, a.dtype_size, ""))
     if "ours" in systems and a.max_sms:
-        jobs.append(("ours", a.tensors.split(",")[0], a.budget_size, a.max_sms))
+        jobs.append(("ours", a.tensors.split(";")[0], a.budget_size, a.max_sms))
     rows = [r for job in jobs for r in _child(*job[:3], a.reps, a.seed, job[3])]
     ok = [r for r in rows if "error" not in r]
     print_table(ok, ["label", "tensor", "bytes", "max_sms", "ratio", "compress_GBps", "decompress_GBps",
