@@ -23,10 +23,12 @@ struct FormatError : std::runtime_error {
 template <class T>
 T* ptr(uintptr_t p) { return reinterpret_cast<T*>(p); }
 
-fmt::Header plan(int dtype, uint64_t numel, const std::vector<int64_t>& shape) {
+fmt::Header plan(int dtype, uint64_t numel, const std::vector<int64_t>& shape, int codec = 1) {
   if (dtype <= 0 || dtype >= static_cast<int>(fmt::DType::Count)) throw std::invalid_argument("unknown dtype code");
   if (shape.size() > fmt::kMaxDims) throw std::invalid_argument("portable_zip supports at most 16 dimensions");
-  return fmt::plan_header(static_cast<fmt::DType>(dtype), numel, shape.data(), static_cast<int>(shape.size()));
+  if (codec <= 0 || codec >= fmt::kNumCodecs) throw std::invalid_argument("unknown codec code");
+  return fmt::plan_header(static_cast<fmt::DType>(dtype), numel, shape.data(), static_cast<int>(shape.size()),
+                          static_cast<fmt::Codec>(codec));
 }
 
 fmt::Header parse(const nb::bytes& data, uint64_t stream_len) {
@@ -52,7 +54,7 @@ std::string decode_error_text(uint32_t bits) {
   add(kErrOffsets, "block offset table is out of order or points outside the stream");
   add(kErrTable, "a block's frequency table is malformed");
   add(kErrSegment, "a block segment is too short for its contents or has an unknown mode");
-  add(kErrStream, "a block's rANS data is inconsistent (corrupted coded bytes)");
+  add(kErrStream, "a block's coded data is inconsistent (corrupted coded bytes)");
   return "corrupted stream: " + s;
 }
 
@@ -79,7 +81,7 @@ NB_MODULE(_C, m) {
     d["shape"] = std::vector<int64_t>(h.shape, h.shape + h.ndim);
     d["numel"] = h.numel;
     d["total_bytes"] = h.total_bytes;
-    d["block_symbols"] = h.codec == fmt::Codec::Rans ? (1ull << h.block_log2) : 0ull;
+    d["block_symbols"] = h.codec != fmt::Codec::Raw ? (1ull << h.block_log2) : 0ull;
     d["nblocks"] = l.nblocks;
     d["raw_begin"] = l.raw_begin;
     d["raw_end"] = l.raw_end;
@@ -96,7 +98,7 @@ NB_MODULE(_C, m) {
     const fmt::Header h = plan(dtype, numel, shape);
     const fmt::Layout l = fmt::layout_of(h);
     nb::dict d;
-    d["coded"] = h.codec == fmt::Codec::Rans;
+    d["coded"] = h.codec != fmt::Codec::Raw;
     d["raw_begin"] = l.raw_begin;
     d["raw_end"] = l.raw_end;
     d["max_total"] = fmt::max_stream_bytes(h);
@@ -116,11 +118,12 @@ NB_MODULE(_C, m) {
   });
 
   m.def("compress_cpu", [](uintptr_t in, int dtype, uint64_t numel, const std::vector<int64_t>& shape, uintptr_t out,
-                           int threads) {
-    const fmt::Header h = plan(dtype, numel, shape);
+                           int threads, int codec) {
+    const fmt::Header h = plan(dtype, numel, shape, codec);
     nb::gil_scoped_release release;
     return cpu_compress(ptr<const uint8_t>(in), h, ptr<uint8_t>(out), threads);
-  });
+  }, nb::arg("in"), nb::arg("dtype"), nb::arg("numel"), nb::arg("shape"), nb::arg("out"), nb::arg("threads"),
+     nb::arg("codec") = 1);
 
   m.def("decompress_cpu", [](nb::bytes head, uintptr_t in, uint64_t in_len, uintptr_t out, int threads) {
     const fmt::Header h = parse(head, in_len);
@@ -149,11 +152,11 @@ NB_MODULE(_C, m) {
     return gpu_compress_workspace_bytes(plan(dtype, numel, shape));
   });
   m.def("compress_gpu", [](uintptr_t in, int dtype, uint64_t numel, const std::vector<int64_t>& shape, uintptr_t out,
-                           uintptr_t workspace, uintptr_t stream, int max_sms) {
-    check(gpu_compress(ptr<const uint8_t>(in), plan(dtype, numel, shape), ptr<uint8_t>(out), ptr<void>(workspace),
-                       ptr<void>(stream), max_sms));
+                           uintptr_t workspace, uintptr_t stream, int max_sms, int codec) {
+    check(gpu_compress(ptr<const uint8_t>(in), plan(dtype, numel, shape, codec), ptr<uint8_t>(out),
+                       ptr<void>(workspace), ptr<void>(stream), max_sms));
   }, nb::arg("in"), nb::arg("dtype"), nb::arg("numel"), nb::arg("shape"), nb::arg("out"), nb::arg("workspace"),
-     nb::arg("stream"), nb::arg("max_sms") = 0);
+     nb::arg("stream"), nb::arg("max_sms") = 0, nb::arg("codec") = 1);
   m.def("decompress_gpu", [](nb::bytes head, uintptr_t in, uint64_t in_len, uintptr_t out, uintptr_t err,
                              uintptr_t stream, int max_sms) {
     check(gpu_decompress(ptr<const uint8_t>(in), parse(head, in_len), ptr<uint8_t>(out), ptr<uint32_t>(err),

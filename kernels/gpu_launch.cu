@@ -33,9 +33,9 @@ uint64_t gpu_compress_workspace_bytes(const fmt::Header& h) {
 }
 
 int gpu_compress(const uint8_t* in, const fmt::Header& h, uint8_t* out, void* workspace, void* stream, int max_sms) {
-  if (h.codec != fmt::Codec::Rans || h.block_log2 > fmt::kEncoderMaxBlockLog2 ||
+  if (h.codec == fmt::Codec::Raw || h.block_log2 > fmt::kEncoderMaxBlockLog2 ||
       reinterpret_cast<uintptr_t>(out) % fmt::kAlign || reinterpret_cast<uintptr_t>(workspace) % 8) {
-    set_last_error("gpu_compress: needs a rANS header, block_log2 <= 14, 16-byte aligned output, 8-byte aligned workspace", "");
+    set_last_error("gpu_compress: needs a coded header, block_log2 <= 14, 16-byte aligned output, 8-byte aligned workspace", "");
     return kBadArgument;
   }
   const fmt::Layout l = fmt::layout_of(h);
@@ -54,7 +54,11 @@ int gpu_compress(const uint8_t* in, const fmt::Header& h, uint8_t* out, void* wo
   // 16-byte vector loads need a 16-byte-aligned input (a view may start anywhere).
   const bool aligned = reinterpret_cast<uintptr_t>(in) % 16 == 0;
   const int rc = PZ_DISPATCH_CODED_DTYPE(h.dtype, D, [&] {
-    auto kernel = aligned ? gpu::compress_kernel<D, true> : gpu::compress_kernel<D, false>;
+    using fmt::Codec;
+    auto kernel = h.codec == Codec::Fixed ? (aligned ? gpu::compress_kernel<D, true, Codec::Fixed>
+                                                     : gpu::compress_kernel<D, false, Codec::Fixed>)
+                                          : (aligned ? gpu::compress_kernel<D, true, Codec::Rans>
+                                                     : gpu::compress_kernel<D, false, Codec::Rans>);
     rt::Error err = rt::set_max_dynamic_smem(kernel, static_cast<int>(smem));
     if (err != rt::kSuccess) return fail(err, "raising the compress kernel's shared-memory limit");
     unsigned ctas = 0;
@@ -67,8 +71,8 @@ int gpu_compress(const uint8_t* in, const fmt::Header& h, uint8_t* out, void* wo
 }
 
 int gpu_decompress(const uint8_t* in, const fmt::Header& h, uint8_t* out, uint32_t* err, void* stream, int max_sms) {
-  if (h.codec != fmt::Codec::Rans || reinterpret_cast<uintptr_t>(in) % fmt::kAlign) {
-    set_last_error("gpu_decompress: needs a rANS stream in a 16-byte-aligned buffer", "");
+  if (h.codec == fmt::Codec::Raw || reinterpret_cast<uintptr_t>(in) % fmt::kAlign) {
+    set_last_error("gpu_decompress: needs a coded stream in a 16-byte-aligned buffer", "");
     return kBadArgument;
   }
   const fmt::Layout l = fmt::layout_of(h);

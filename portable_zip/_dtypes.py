@@ -13,7 +13,8 @@ _NAMES = {
 CODE_TO_DTYPE = {c: getattr(torch, n) for c, n in _NAMES.items() if hasattr(torch, n)}
 DTYPE_TO_CODE = {d: c for c, d in CODE_TO_DTYPE.items()}
 CODED = {torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn, torch.float8_e5m2}
-CODECS = {0: "raw", 1: "rans"}
+CODECS = {0: "raw", 1: "rans", 2: "fixed"}
+CODEC_CODES = {"rans": 1, "fixed": 2}
 
 
 def code_of(dtype: torch.dtype) -> int:

@@ -12,7 +12,7 @@ try:
 except ImportError as e:  # imported from a source checkout that has no built extension
     raise ImportError("portable_zip's compiled extension is missing: install the package (pip install .) and "
                       "import it from outside the source tree (or run python -P)") from e
-from ._dtypes import CODECS, code_of, dtype_of
+from ._dtypes import CODEC_CODES, CODECS, code_of, dtype_of
 
 FormatError = _C.FormatError
 MAX_HEADER_BYTES = 32 + 8 * 16
@@ -89,14 +89,21 @@ def _max_sms(max_sms: Optional[int]) -> int:
     return int(max_sms)
 
 
-def _compress_padded(t: torch.Tensor, threads: Optional[int] = None, max_sms: int = 0) -> torch.Tensor:
+def _codec_code(codec: str) -> int:
+    try:
+        return CODEC_CODES[codec]
+    except (KeyError, TypeError):
+        raise ValueError(f"codec must be one of {sorted(CODEC_CODES)}, got {codec!r}") from None
+
+
+def _compress_padded(t: torch.Tensor, threads: Optional[int] = None, max_sms: int = 0, codec: int = 1) -> torch.Tensor:
     """Compress into a buffer of max_compressed_size bytes; the header holds the true size."""
     _check_tensor(t, "input")
     code, numel, shape = _plan(t)
     cap = _C.max_compressed_size(code, numel, shape)
     out = torch.empty(cap, dtype=torch.uint8, device=t.device)
     if t.device.type == "cpu":
-        _C.compress_cpu(t.data_ptr(), code, numel, shape, out.data_ptr(), _threads(threads))
+        _C.compress_cpu(t.data_ptr(), code, numel, shape, out.data_ptr(), _threads(threads), codec)
         return out
     with torch.cuda.device(t.device):
         head = _C.raw_header(code, numel, shape)
@@ -106,7 +113,7 @@ def _compress_padded(t: torch.Tensor, threads: Optional[int] = None, max_sms: in
                 out[len(head):].copy_(t.reshape(-1).view(torch.uint8))
             return out
         ws = torch.empty(_C.compress_workspace_bytes(code, numel, shape), dtype=torch.uint8, device=t.device)
-        _C.compress_gpu(t.data_ptr(), code, numel, shape, out.data_ptr(), ws.data_ptr(), _stream(), max_sms)
+        _C.compress_gpu(t.data_ptr(), code, numel, shape, out.data_ptr(), ws.data_ptr(), _stream(), max_sms, codec)
     return out
 
 
@@ -125,15 +132,18 @@ def trim(buf: torch.Tensor) -> torch.Tensor:
 
 
 def compress(t: torch.Tensor, *, trim: Optional[bool] = None, threads: Optional[int] = None,
-             max_sms: Optional[int] = None) -> torch.Tensor:
+             max_sms: Optional[int] = None, codec: str = "rans") -> torch.Tensor:
     """Compress any tensor into a self-describing uint8 tensor on the same device.
 
     On CPU the result is trimmed to the stream size. On GPU it is, by default,
     the padded buffer (max_compressed_size bytes; no host synchronization); the
     header carries the true size: see compressed_size(), trim() and inspect().
     max_sms limits a GPU call to that many SMs (default: the sm_budget in force, else all).
+    codec="fixed" picks the fixed-length exponent code (7 three-bit codes and an
+    escape): a larger stream, simpler and faster to code (bench/NOTES.md says where
+    it wins); decompress reads the codec from the header.
     """
-    buf = _compress_padded(t, threads, _max_sms(max_sms))
+    buf = _compress_padded(t, threads, _max_sms(max_sms), _codec_code(codec))
     if trim is None:
         trim = buf.device.type == "cpu"
     return _trim(buf) if trim else buf
@@ -210,9 +220,9 @@ def inspect(buf: torch.Tensor) -> dict:
 
 
 def compress_batch(tensors: Sequence[torch.Tensor], *, trim: Optional[bool] = None,
-                   threads: Optional[int] = None) -> list:
+                   threads: Optional[int] = None, max_sms: Optional[int] = None, codec: str = "rans") -> list:
     """compress() over many tensors."""
-    return [compress(t, trim=trim, threads=threads) for t in tensors]
+    return [compress(t, trim=trim, threads=threads, max_sms=max_sms, codec=codec) for t in tensors]
 
 
 def decompress_batch(bufs: Sequence[torch.Tensor], *, out: Optional[Sequence[torch.Tensor]] = None,

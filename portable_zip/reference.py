@@ -138,14 +138,58 @@ def encode_block(sym: np.ndarray) -> bytes:
     return seg + bytes(align(len(seg)) - len(seg))
 
 
+def fixed_table(counts: np.ndarray) -> list:
+    """The 7 most frequent symbols: count descending, then symbol ascending."""
+    order = sorted(range(256), key=lambda v: (-int(counts[v]), v))
+    return order[:7]
+
+
+def encode_block_fixed(sym: np.ndarray) -> bytes:
+    n = sym.size
+    table = fixed_table(np.bincount(sym, minlength=256))
+    code = np.full(256, 7, np.uint32)
+    code[table] = np.arange(7, dtype=np.uint32)
+    c = code[sym]
+    esc = sym[c == 7]
+    steps = -(-n // LANES)
+    if 12 + 12 * steps + esc.size >= 1 + n:
+        seg = bytes([0]) + sym.tobytes()
+    else:
+        cp = np.zeros(steps * LANES, np.uint32)
+        cp[:n] = c
+        lanes = cp.reshape(steps, LANES)
+        weights = np.uint32(1) << np.arange(LANES, dtype=np.uint32)
+        planes = np.stack([((lanes >> j) & 1) @ weights for j in range(3)], axis=1).astype("<u4")
+        seg = bytes([2]) + bytes(table) + np.uint32(esc.size).tobytes() + planes.tobytes() + esc.tobytes()
+    return seg + bytes(align(len(seg)) - len(seg))
+
+
+def decode_block_fixed(seg: bytes, n: int) -> np.ndarray:
+    steps = -(-n // LANES)
+    nesc = int(np.frombuffer(seg, "<u4", 1, 8)[0])
+    if 12 + 12 * steps + nesc > len(seg):
+        raise ValueError("fixed segment too short")
+    planes = np.frombuffer(seg, "<u4", 3 * steps, 12).reshape(steps, 3)
+    bits = (planes[:, :, None] >> np.arange(LANES, dtype=np.uint32)) & 1
+    c = (bits[:, 0] | bits[:, 1] << 1 | bits[:, 2] << 2).reshape(-1)[:n]
+    table = np.frombuffer(seg, np.uint8, 7, 1)
+    out = np.empty(n, np.uint8)
+    esc = c == 7
+    if int(esc.sum()) != nesc:
+        raise ValueError("escape count mismatch")
+    out[~esc] = table[c[~esc]]
+    out[esc] = np.frombuffer(seg, np.uint8, nesc, 12 + 12 * steps)
+    return out
+
+
 def header(dtype: int, codec: int, shape, numel: int, total: int, block_log2: int) -> bytes:
     h = MAGIC + bytes([VERSION, dtype, codec, len(shape)]) + np.array([total, numel], "<u8").tobytes()
     h += bytes([block_log2, PROB_BITS, LANES, 0, 0, 0, 0, 0]) + np.array(shape, "<i8").tobytes()
     return h + bytes(align(len(h)) - len(h))
 
 
-def compress(data: bytes, dtype: int, shape) -> bytes:
-    """data: the tensor's bytes; dtype: format dtype code."""
+def compress(data: bytes, dtype: int, shape, codec: int = 1) -> bytes:
+    """data: the tensor's bytes; dtype: format dtype code; codec: 1 rANS, 2 fixed."""
     numel = int(np.prod(shape, dtype=np.int64)) if len(shape) else 1
     if dtype not in CODED or numel == 0:
         head = header(dtype, 0, shape, numel, 0, 0)
@@ -154,17 +198,18 @@ def compress(data: bytes, dtype: int, shape) -> bytes:
     nsym = sym.size
     lg = block_log2_of(nsym)
     nblocks = -(-nsym // (1 << lg))
-    head_len = len(header(dtype, 1, shape, numel, 0, lg))
+    head_len = len(header(dtype, codec, shape, numel, 0, lg))
     raw = p8.tobytes()
     if p16 is not None:
         raw += bytes(align(head_len + len(raw)) - head_len - len(raw)) + p16.astype("<u2").tobytes()
     raw += bytes(align(head_len + len(raw)) - head_len - len(raw))
-    segs = [encode_block(sym[b << lg: (b + 1) << lg]) for b in range(nblocks)]
+    enc = encode_block_fixed if codec == 2 else encode_block
+    segs = [enc(sym[b << lg: (b + 1) << lg]) for b in range(nblocks)]
     offs = np.cumsum([len(s) for s in segs]).astype("<u8").tobytes()
     offs += bytes(align(len(offs)) - len(offs))
     coded = b"".join(segs)
     total = head_len + len(raw) + len(offs) + len(coded)
-    return header(dtype, 1, shape, numel, total, lg) + raw + offs + coded
+    return header(dtype, codec, shape, numel, total, lg) + raw + offs + coded
 
 
 def decompress(stream: bytes) -> tuple:
@@ -193,7 +238,7 @@ def decompress(stream: bytes) -> tuple:
     for b in range(nblocks):
         seg = stream[coded_begin + (offs[b - 1] if b else 0): coded_begin + offs[b]]
         n = min(nsym, (b + 1) << lg) - (b << lg)
-        sym[b << lg: (b << lg) + n] = decode_block(seg, n)
+        sym[b << lg: (b << lg) + n] = decode_block_fixed(seg, n) if seg[0] == 2 else decode_block(seg, n)
     return dtype, shape, join(dtype, numel, sym, p8, p16)
 
 

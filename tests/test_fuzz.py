@@ -55,7 +55,8 @@ def make_streams(rng, device="cpu"):
     for dtype in CODED_DTYPES + [torch.int16]:
         for numel in (1, 50, 5000, 40_000):
             t = weights(rng, numel, dtype, 0.02) if dtype in CODED_DTYPES else torch.arange(numel, dtype=dtype)
-            streams.append(pz.trim(pz.compress(t.to(device))).cpu().numpy())
+            for codec in ("rans", "fixed"):
+                streams.append(pz.trim(pz.compress(t.to(device), codec=codec)).cpu().numpy())
     return streams
 
 

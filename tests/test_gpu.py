@@ -15,11 +15,11 @@ if not (torch.cuda.is_available() and pz.backend_info()["backend"] in ("cuda", "
 DEV = "cuda"
 
 
-def gpu_roundtrip(t_cpu: torch.Tensor) -> None:
+def gpu_roundtrip(t_cpu: torch.Tensor, codec: str = "rans") -> None:
     t = t_cpu.to(DEV)
-    padded = pz.compress(t)
+    padded = pz.compress(t, codec=codec)
     gpu_stream = pz.trim(padded)
-    cpu_stream = pz.compress(t_cpu)
+    cpu_stream = pz.compress(t_cpu, codec=codec)
     assert torch.equal(gpu_stream.cpu(), cpu_stream), f"GPU and CPU bytes differ for {t.dtype}{list(t.shape)}"
     assert same_bits(pz.decompress(padded).cpu(), t_cpu)          # GPU decodes GPU
     assert same_bits(pz.decompress(gpu_stream.cpu()), t_cpu)      # CPU decodes GPU
@@ -31,6 +31,21 @@ def test_gpu_sizes(coded_dtype, numel):
     rng = fresh_rng()
     gpu_roundtrip(weights(rng, numel, coded_dtype))
     gpu_roundtrip(random_bits(rng, numel, coded_dtype))
+
+
+@pytest.mark.parametrize("numel", [1, 33, 4097, 65537, (1 << 22) + 3])
+def test_gpu_fixed_codec(coded_dtype, numel):
+    rng = fresh_rng()
+    gpu_roundtrip(weights(rng, numel, coded_dtype), "fixed")
+    gpu_roundtrip(random_bits(rng, numel, coded_dtype), "fixed")
+
+
+def test_gpu_fixed_escapes():
+    for k in (1, 7, 8, 9):
+        bits = (np.resize(np.arange(120, 120 + k, dtype=np.uint16), 70_001) << 7).astype(np.uint16)
+        gpu_roundtrip(torch.from_numpy(bits.view(np.int16)).view(torch.bfloat16), "fixed")
+    p = torch.arange(65536, dtype=torch.int32).to(torch.int16)
+    gpu_roundtrip(p[torch.from_numpy(fresh_rng().permutation(65536))].view(torch.bfloat16), "fixed")
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

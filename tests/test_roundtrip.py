@@ -60,6 +60,37 @@ def test_sizes(coded_dtype, numel):
     rng = fresh_rng()
     roundtrip(weights(rng, numel, coded_dtype))
     roundtrip(random_bits(rng, numel, coded_dtype))
+    roundtrip(weights(rng, numel, coded_dtype), codec="fixed")
+    roundtrip(random_bits(rng, numel, coded_dtype), codec="fixed")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_fixed_every_16bit_pattern(dtype):
+    """All 65,536 patterns: most symbols escape; skewed repeats: few do."""
+    rng = fresh_rng()
+    patterns = torch.arange(65536, dtype=torch.int32).to(torch.int16).view(dtype)
+    assert pz.inspect(roundtrip(patterns[torch.from_numpy(rng.permutation(65536))], codec="fixed"))["codec"] == "fixed"
+    roundtrip(weights(rng, 300_001, dtype), codec="fixed")
+
+
+def test_fixed_escapes_and_table_ties():
+    """Exactly 7 symbols (no escapes), 8 symbols (one escapes), ties in counts."""
+    for k in (1, 6, 7, 8, 9):
+        exps = np.arange(120, 120 + k, dtype=np.uint16)
+        bits = (np.resize(exps, 70_001) << 7).astype(np.uint16)
+        roundtrip(torch.from_numpy(bits.view(np.int16)).view(torch.bfloat16), codec="fixed")
+
+
+def test_fixed_is_larger_but_bounded(coded_dtype):
+    t = weights(fresh_rng(), 200_000, coded_dtype)
+    rans, fixed = pz.compress(t), pz.compress(t, codec="fixed")
+    assert pz.inspect(fixed)["codec"] == "fixed" and pz.inspect(rans)["codec"] == "rans"
+    assert rans.numel() <= fixed.numel() <= pz.max_compressed_size(t.numel(), t.dtype)
+
+
+def test_unknown_codec():
+    with pytest.raises(ValueError, match="codec"):
+        pz.compress(torch.zeros(4, dtype=torch.bfloat16), codec="lz4")
 
 
 shapes = st.lists(st.integers(0, 70), min_size=0, max_size=4).filter(lambda s: int(np.prod(s)) <= 200_000)

@@ -66,6 +66,25 @@ PZ_HOST_DEVICE inline void build_encsym(const uint16_t* freq, uint32_t* encsym) 
   }
 }
 
+// The fixed code's table: the 7 most frequent symbols, by count descending
+// then symbol ascending (absent symbols fill in, lowest first), so every
+// backend picks the same table.
+PZ_HOST_DEVICE inline void fixed_table(const uint32_t* counts, uint8_t* table) {
+  uint32_t taken[8] = {};
+  for (int c = 0; c < fmt::kFixedCodes; ++c) {
+    int best = -1;
+    for (int s = 0; s < fmt::kNumSymbols; ++s)
+      if (!(taken[s >> 5] >> (s & 31) & 1) && (best < 0 || counts[s] > counts[best])) best = s;
+    taken[best >> 5] |= 1u << (best & 31);
+    table[c] = static_cast<uint8_t>(best);
+  }
+}
+
+// Bytes a fixed segment needs before padding.
+PZ_HOST_DEVICE PZ_FORCE_INLINE uint64_t fixed_segment_bytes(uint32_t n, uint64_t escapes) {
+  return fmt::kFixedPrefixBytes + fmt::fixed_planes_bytes(n) + escapes;
+}
+
 // Look-back status words: 2 flag bits + 62-bit byte count.
 constexpr uint64_t kStatusAggregate = 1ull << 62;
 constexpr uint64_t kStatusPrefix = 2ull << 62;

@@ -17,6 +17,67 @@ namespace pz::cpu {
 
 using fmt::kLanes;
 
+// Pads a segment of `used` bytes to 16 with zeros; returns the padded size.
+inline uint64_t pad_segment(uint8_t* seg, uint64_t used) {
+  const uint64_t padded = fmt::align_up(used, fmt::kAlign);
+  memset(seg + used, 0, padded - used);
+  return padded;
+}
+
+// Stored mode: the symbols as they are.
+inline uint64_t store_segment(uint8_t* seg, const uint8_t* syms, uint32_t n) {
+  seg[0] = fmt::kModeStored;
+  memcpy(seg + 1, syms, n);
+  return pad_segment(seg, 1ull + n);
+}
+
+// The fixed-length code of one block (docs/FORMAT.md); stored when no smaller.
+inline uint64_t encode_fixed(uint8_t* seg, const uint8_t* syms, const uint32_t* hist, uint32_t n) {
+  uint8_t table[fmt::kFixedCodes], code[fmt::kNumSymbols];
+  fixed_table(hist, table);
+  memset(code, fmt::kFixedEscape, sizeof code);
+  for (int c = 0; c < fmt::kFixedCodes; ++c) code[table[c]] = static_cast<uint8_t>(c);
+  uint64_t escapes = 0;
+  for (int c = 0; c < fmt::kFixedCodes; ++c) escapes += hist[table[c]];
+  escapes = n - escapes;
+  if (fixed_segment_bytes(n, escapes) >= 1ull + n) return store_segment(seg, syms, n);
+  seg[0] = fmt::kModeFixed;
+  memcpy(seg + 1, table, fmt::kFixedCodes);
+  put_u32(seg + 8, static_cast<uint32_t>(escapes));
+  uint8_t* planes = seg + fmt::kFixedPrefixBytes;
+  uint8_t* esc = planes + fmt::fixed_planes_bytes(n);
+  memset(planes, 0, fmt::fixed_planes_bytes(n));
+  for (uint32_t i = 0, e = 0; i < n; ++i) {
+    const uint32_t c = code[syms[i]];
+    for (int j = 0; j < 3; ++j)
+      if (c >> j & 1) planes[12 * (i / kLanes) + 4 * j + (i % kLanes) / 8] |= static_cast<uint8_t>(1u << (i % 8));
+    if (c == fmt::kFixedEscape) esc[e++] = syms[i];
+  }
+  return pad_segment(seg, fixed_segment_bytes(n, escapes));
+}
+
+// Decodes a fixed segment's symbols through emit(i, sym); DecodeError bits.
+template <class Emit>
+uint32_t decode_fixed(const uint8_t* seg, uint64_t seglen, uint32_t n, Emit&& emit) {
+  if (seglen < fmt::kFixedPrefixBytes) return kErrSegment;
+  const uint64_t escapes = get_u32(seg + 8);
+  if (fixed_segment_bytes(n, escapes) > seglen) return kErrSegment;
+  const uint8_t* planes = seg + fmt::kFixedPrefixBytes;
+  const uint8_t* esc = planes + fmt::fixed_planes_bytes(n);
+  uint64_t e = 0;
+  for (uint32_t i = 0; i < n; ++i) {
+    uint32_t c = 0;
+    for (int j = 0; j < 3; ++j) c |= (planes[12 * (i / kLanes) + 4 * j + (i % kLanes) / 8] >> (i % 8) & 1u) << j;
+    if (c == fmt::kFixedEscape) {
+      if (e >= escapes) return kErrStream;
+      emit(i, esc[e++]);
+    } else {
+      emit(i, seg[1 + c]);
+    }
+  }
+  return e == escapes ? 0 : kErrStream;
+}
+
 // Encodes block b into seg (capacity max_segment_bytes); returns its padded size.
 // Also writes the block's raw bits into the stream's raw planes.
 template <fmt::DType D>
@@ -33,6 +94,7 @@ uint64_t encode_block(const uint8_t* in, const fmt::Header& h, const fmt::Layout
     ++hist[sp.sym];
     write_raw(stream, l, plane16, first + i, sp);
   }
+  if (h.codec == fmt::Codec::Fixed) return encode_fixed(seg, syms, hist, n);
   uint16_t freq[fmt::kNumSymbols];
   rans::quantize(hist, n, freq);
   const uint64_t limit = 1ull + n;
@@ -67,22 +129,13 @@ uint64_t encode_block(const uint8_t* in, const fmt::Header& h, const fmt::Layout
       x[k] = rans::enc_put_magic(x[k], es & 0xffff, es >> 16, magic[syms[base + k]]);
     }
   }
-  uint64_t used;
-  if (stored) {
-    seg[0] = fmt::kModeStored;
-    memcpy(seg + 1, syms, n);
-    used = 1ull + n;
-  } else {
-    seg[0] = fmt::kModeRans;
-    const uint32_t wpos = static_cast<uint32_t>(fmt::align_up(1 + table_bytes, 4));
-    memset(seg + 1 + table_bytes, 0, wpos - 1 - table_bytes);
-    put_u32(seg + wpos, static_cast<uint32_t>(words));
-    for (int k = 0; k < kLanes; ++k) put_u32(seg + wpos + 4 + 4 * k, x[k]);
-    used = prefix + 2 * words;
-  }
-  const uint64_t padded = fmt::align_up(used, fmt::kAlign);
-  memset(seg + used, 0, padded - used);
-  return padded;
+  if (stored) return store_segment(seg, syms, n);
+  seg[0] = fmt::kModeRans;
+  const uint32_t wpos = static_cast<uint32_t>(fmt::align_up(1 + table_bytes, 4));
+  memset(seg + 1 + table_bytes, 0, wpos - 1 - table_bytes);
+  put_u32(seg + wpos, static_cast<uint32_t>(words));
+  for (int k = 0; k < kLanes; ++k) put_u32(seg + wpos + 4 + 4 * k, x[k]);
+  return pad_segment(seg, prefix + 2 * words);
 }
 
 // Decodes block b. Returns DecodeError bits (0 = ok). Never touches memory
@@ -105,7 +158,8 @@ uint32_t decode_block(const uint8_t* stream, const fmt::Header& h, const fmt::La
     for (uint32_t i = 0; i < n; ++i) emit(i, seg[1 + i]);
     return 0;
   }
-  if (seg[0] != fmt::kModeRans) return kErrSegment;
+  if (seg[0] == fmt::kModeFixed && h.codec == fmt::Codec::Fixed) return decode_fixed(seg, seglen, n, emit);
+  if (seg[0] != fmt::kModeRans || h.codec != fmt::Codec::Rans) return kErrSegment;
   uint16_t freq[fmt::kNumSymbols];
   const int table_bytes = rans::parse_table(seg + 1, seg + seglen, freq);
   if (table_bytes < 0) return kErrTable;

@@ -30,11 +30,25 @@ constexpr int kMaxDims = 16;
 constexpr int kMaxHeaderBytes = kFixedHeaderBytes + 8 * kMaxDims;
 constexpr int kAlign = 16;
 
-enum class Codec : uint8_t { Raw = 0, Rans = 1 };
+// Rans: interleaved rANS over the symbols. Fixed: a ZipCCL-style fixed-length
+// code (the block's 7 most frequent symbols get 3-bit codes, code 7 escapes to
+// the symbol byte): a worse ratio, no sequential dependency at all.
+enum class Codec : uint8_t { Raw = 0, Rans = 1, Fixed = 2 };
+constexpr uint8_t kNumCodecs = 3;
 
-// Block segment modes.
+// Block segment modes. A segment is stored or in its stream's codec.
 constexpr uint8_t kModeStored = 0;
 constexpr uint8_t kModeRans = 1;
+constexpr uint8_t kModeFixed = 2;
+// Fixed segment: mode, 7 table symbols, u32 escape count, then per 32-symbol
+// step three u32 bit planes (bit L of plane j = bit j of the code of the
+// step's symbol L), then the escaped symbols in order.
+constexpr int kFixedCodes = 7;
+constexpr uint32_t kFixedEscape = 7;
+constexpr uint32_t kFixedPrefixBytes = 12;
+PZ_HOST_DEVICE constexpr uint64_t fixed_planes_bytes(uint64_t nsym_in_block) {
+  return 12 * ((nsym_in_block + kLanes - 1) / kLanes);
+}
 // Frequency table forms.
 constexpr uint8_t kTableRange = 0;
 constexpr uint8_t kTableBitmap = 1;
@@ -159,14 +173,14 @@ inline int choose_block_log2(uint64_t nsym) {
 }
 
 // The header the encoder writes for a tensor (total_bytes filled in later).
-inline Header plan_header(DType d, uint64_t numel, const int64_t* shape, int ndim) {
+inline Header plan_header(DType d, uint64_t numel, const int64_t* shape, int ndim, Codec codec = Codec::Rans) {
   Header h;
   h.dtype = d;
   h.numel = numel;
   h.ndim = static_cast<uint8_t>(ndim);
   for (int i = 0; i < ndim; ++i) h.shape[i] = shape[i];
-  if (is_coded(d) && numel > 0) {
-    h.codec = Codec::Rans;
+  if (is_coded(d) && numel > 0 && codec != Codec::Raw) {
+    h.codec = codec;
     h.block_log2 = static_cast<uint8_t>(choose_block_log2(num_symbols(d, numel)));
   }
   return h;
@@ -252,7 +266,7 @@ inline ParseError parse_header(const uint8_t* p, uint64_t head_len, uint64_t str
   if (h->version != kVersion) return ParseError::BadVersion;
   if (p[5] == 0 || p[5] >= static_cast<uint8_t>(DType::Count)) return ParseError::BadDType;
   h->dtype = static_cast<DType>(p[5]);
-  if (p[6] > static_cast<uint8_t>(Codec::Rans)) return ParseError::BadCodec;
+  if (p[6] >= kNumCodecs) return ParseError::BadCodec;
   h->codec = static_cast<Codec>(p[6]);
   h->ndim = p[7];
   if (h->ndim > kMaxDims || len < kFixedHeaderBytes + 8ull * h->ndim) return ParseError::BadNdim;
@@ -261,7 +275,7 @@ inline ParseError parse_header(const uint8_t* p, uint64_t head_len, uint64_t str
   h->block_log2 = p[24];
   if (p[25] != kProbBits || p[26] != kLanes || p[27] != 0 || get_u64(p + 24) >> 32 != 0)
     return ParseError::BadParams;
-  if (h->codec == Codec::Rans) {
+  if (h->codec != Codec::Raw) {
     if (!is_coded(h->dtype) || h->block_log2 < kMinBlockLog2 || h->block_log2 > kMaxBlockLog2)
       return ParseError::BadParams;
   } else if (h->block_log2 != 0) {

@@ -246,9 +246,173 @@ PZ_DEVICE PZ_FORCE_INLINE bool chunk_in_range(const fmt::Header& h, uint64_t fir
   return i + kChunkSyms <= n && (first + i + kChunkSyms) * E <= h.numel;
 }
 
+// Pass 2 driver: calls f(idx, sym, valid) for the block's symbols step by
+// step, 8 steps per 256-symbol row, until `stop` turns true (group-uniform).
+// A row is loaded as one 8-symbol chunk per lane and redistributed with
+// shuffles, so lane L gets symbol row + 32k + L at step k; the next two rows'
+// chunks are in flight while a row is coded.
+template <fmt::DType D, bool Aligned, class F>
+PZ_DEVICE PZ_FORCE_INLINE void for_each_step(const CompressParams& p, uint64_t first, uint32_t n, const bool& stop, F&& f) {
+  using T = FloatTraits<D>;
+  const fmt::Header& h = p.h;
+  const int lane = group_lane();
+  constexpr uint32_t kRow = fmt::kLanes * kChunkSyms;
+  RawChunk<D> next1{}, next2{};
+  if (Aligned && chunk_in_range<D>(h, first, lane * kChunkSyms, n)) next1 = load_raw<D>(p.in, first + lane * kChunkSyms);
+  if (Aligned && chunk_in_range<D>(h, first, kRow + lane * kChunkSyms, n))
+    next2 = load_raw<D>(p.in, first + kRow + lane * kChunkSyms);
+  for (uint32_t row = 0; row < n && !stop; row += kRow) {
+    uint32_t lo = 0, hi = 0;
+    const uint32_t mine = row + lane * kChunkSyms;
+    const bool vec = Aligned && chunk_in_range<D>(h, first, mine, n);
+    const RawChunk<D> cur = next1;
+    next1 = next2;
+    const uint32_t ahead = mine + 2 * kRow;
+    if (Aligned && chunk_in_range<D>(h, first, ahead, n)) next2 = load_raw<D>(p.in, first + ahead);
+    if (vec) {
+      const Chunk<D> c = split_chunk<D>(cur);
+      lo = c.sym[0];
+      hi = c.sym[1];
+    } else {
+      for (int k = 0; k < kChunkSyms; ++k)
+        if (mine + k < n) {
+          const uint32_t sy = T::split(p.in, first + mine + k, h.numel).sym;
+          (k < 4 ? lo : hi) |= sy << (8 * (k & 3));
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < kChunkSyms; ++k) {
+      if (stop) continue;  // group-uniform; no break, so the loop unrolls
+      const uint32_t idx = row + k * fmt::kLanes + lane;
+      const int src = k * (fmt::kLanes / kChunkSyms) + (lane >> 3);
+      const uint32_t wlo = group_shfl(lo, src), whi = group_shfl(hi, src);
+      f(idx, (((lane & 7) < 4 ? wlo : whi) >> (8 * (lane & 3))) & 0xff, idx < n);
+    }
+  }
+}
+
+// rANS body of a block: table, then the interleaved encode into buf.
+// Returns the segment's bytes, or 0 when it must be stored.
+template <fmt::DType D, bool Aligned>
+PZ_DEVICE uint64_t encode_rans(const CompressParams& p, uint64_t first, uint32_t n, const uint32_t* counts, uint2* enc,
+                               uint16_t* freq, uint8_t* buf) {
+  const int lane = group_lane();
+  quantize_group(counts, n, freq);
+  const int table_bytes = write_table_group(freq, buf + 1);
+  // Cumulative frequencies: lane L owns symbols 8L..8L+7.
+  uint32_t f8[8], local = 0;
+  for (int k = 0; k < 8; ++k) f8[k] = freq[8 * lane + k], local += f8[k];
+  uint32_t cum = group_exclusive_scan(local);
+  for (int k = 0; k < 8; ++k) {
+    const rans::DivMagic d = rans::div_magic(f8[k]);
+    enc[8 * lane + k] = make_uint2(f8[k] | (cum << 13) | (d.shift << 25), d.magic);
+    cum += f8[k];
+  }
+  group_sync();
+  const uint32_t prefix = rans::rans_prefix_bytes(table_bytes);
+  const uint64_t limit = 1ull + n;
+  bool stored = prefix >= limit;
+  uint32_t x = fmt::kStateLow;
+  uint32_t words = 0;
+  uint16_t* wbuf = reinterpret_cast<uint16_t*>(buf + prefix);  // prefix is even
+  for_each_step<D, Aligned>(p, first, n, stored, [&](uint32_t, uint32_t sym, bool valid) {
+    const uint2 e = enc[sym];
+    const uint32_t f = e.x & 0x1fff;
+    const bool need = valid && rans::enc_renorm_needed(x, f);
+    const uint32_t ballot = group_ballot(need);
+    const uint32_t cnt = popc32(ballot);
+    if (prefix + 2ull * (words + cnt) >= limit) {
+      stored = true;  // every lane saw the same words/cnt
+      return;
+    }
+    if (need) {
+      wbuf[words + popc32(ballot & group_lanemask_lt())] = static_cast<uint16_t>(x);
+      x >>= 16;
+    }
+    words += cnt;
+    if (valid) x = rans::enc_put_magic(x, f, (e.x >> 13) & 0xfff, rans::DivMagic{e.y, e.x >> 25});
+  });
+  if (stored) return 0;
+  const uint32_t wpos = static_cast<uint32_t>(fmt::align_up(1 + table_bytes, 4));
+  if (lane == 0) {
+    buf[0] = fmt::kModeRans;
+    for (uint32_t i = 1 + table_bytes; i < wpos; ++i) buf[i] = 0;
+    put_u32(buf + wpos, words);
+  }
+  reinterpret_cast<uint32_t*>(buf + wpos + 4)[lane] = x;
+  return prefix + 2ull * words;
+}
+
+// Fixed-code body of a block (block.h: fixed_table; docs/FORMAT.md). code is
+// 256 bytes of scratch. Returns the segment's bytes, or 0 when it must be stored.
+template <fmt::DType D, bool Aligned>
+PZ_DEVICE uint64_t encode_fixed(const CompressParams& p, uint64_t first, uint32_t n, const uint32_t* counts,
+                                uint8_t* code, uint8_t* buf) {
+  const int lane = group_lane();
+  // The 7 most frequent symbols, count descending then symbol ascending; lane
+  // L owns symbols 8L..8L+7 and lane c ends up holding the table's entry c.
+  uint32_t c8[8], taken = 0, tab = 0, top = 0;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) c8[k] = counts[8 * lane + k];
+  for (int c = 0; c < fmt::kFixedCodes; ++c) {
+    uint32_t bv = 0, bs = 256;
+#pragma unroll
+    for (int k = 0; k < 8; ++k)
+      if (!(taken >> k & 1) && (bs == 256 || c8[k] > bv)) bv = c8[k], bs = 8 * lane + k;
+    group_argmax(&bv, &bs);
+    if ((bs >> 3) == static_cast<uint32_t>(lane)) taken |= 1u << (bs & 7);
+    if (lane == c) tab = bs;
+    top += bv;
+  }
+  const uint64_t escapes = n - top;
+  const uint64_t size = fixed_segment_bytes(n, escapes);
+  if (size >= 1ull + n) return 0;
+  for (int s = lane; s < 256; s += fmt::kLanes) code[s] = fmt::kFixedEscape;
+  group_sync();
+  if (lane < fmt::kFixedCodes) {
+    code[tab] = static_cast<uint8_t>(lane);
+    buf[1 + lane] = static_cast<uint8_t>(tab);
+  }
+  if (lane == 0) {
+    buf[0] = fmt::kModeFixed;
+    put_u32(buf + 8, static_cast<uint32_t>(escapes));
+  }
+  group_sync();
+  uint32_t* planes = reinterpret_cast<uint32_t*>(buf + fmt::kFixedPrefixBytes);  // buf is 16-byte aligned
+  uint8_t* esc = buf + fmt::kFixedPrefixBytes + fmt::fixed_planes_bytes(n);
+  uint32_t e = 0;
+  const bool never = false;
+  for_each_step<D, Aligned>(p, first, n, never, [&](uint32_t idx, uint32_t sym, bool valid) {
+    const uint32_t c = valid ? code[sym] : 0;
+    const uint32_t b0 = group_ballot(c & 1), b1 = group_ballot(c & 2), b2 = group_ballot(c & 4);
+    const uint32_t eb = group_ballot(c == fmt::kFixedEscape);
+    if (lane < 3) planes[3 * (idx / fmt::kLanes) + lane] = lane == 0 ? b0 : lane == 1 ? b1 : b2;
+    if (c == fmt::kFixedEscape) esc[e + popc32(eb & group_lanemask_lt())] = static_cast<uint8_t>(sym);
+    e += popc32(eb);
+  });
+  return size;
+}
+
+// Stored fallback when used == 0, then zero padding to 16; returns the padded size.
+template <fmt::DType D>
+PZ_DEVICE uint64_t finish_segment(uint64_t used, uint32_t n, const CompressParams& p, uint64_t first, uint8_t* buf) {
+  using T = FloatTraits<D>;
+  const int lane = group_lane();
+  group_sync();  // bytes written by other lanes (the table) are overwritten in stored mode
+  if (used == 0) {
+    if (lane == 0) buf[0] = fmt::kModeStored;
+    for (uint32_t i = lane; i < n; i += fmt::kLanes) buf[1 + i] = T::split(p.in, first + i, p.h.numel).sym;
+    used = 1ull + n;
+  }
+  const uint64_t padded = fmt::align_up(used, fmt::kAlign);
+  for (uint64_t i = used + lane; i < padded; i += fmt::kLanes) buf[i] = 0;
+  group_sync();
+  return padded;
+}
+
 // Encodes block b into the group's staging buffer (split, histogram, table,
 // rANS, stored fallback) and writes its raw planes. Returns the padded size.
-template <fmt::DType D, bool Aligned>
+template <fmt::DType D, bool Aligned, fmt::Codec C>
 PZ_DEVICE uint64_t encode_block(const CompressParams& p, const fmt::Layout& l, uint64_t b, uint8_t* base) {
   using T = FloatTraits<D>;
   constexpr bool plane16 = fmt::has_plane16(D);
@@ -323,106 +487,21 @@ PZ_DEVICE uint64_t encode_block(const CompressParams& p, const fmt::Layout& l, u
     counts[2 * w + 1] = sum >> 16;
   }
   group_sync();
-  quantize_group(counts, n, freq);
-  const int table_bytes = write_table_group(freq, buf + 1);
-  // Cumulative frequencies: lane L owns symbols 8L..8L+7.
-  uint32_t f8[8], local = 0;
-  for (int k = 0; k < 8; ++k) f8[k] = freq[8 * lane + k], local += f8[k];
-  uint32_t cum = group_exclusive_scan(local);
-  for (int k = 0; k < 8; ++k) {
-    const rans::DivMagic d = rans::div_magic(f8[k]);
-    enc[8 * lane + k] = make_uint2(f8[k] | (cum << 13) | (d.shift << 25), d.magic);
-    cum += f8[k];
-  }
-  group_sync();
-
-  // Pass 2: interleaved rANS, 8 steps per 256-symbol row. A row is loaded as
-  // one 8-symbol chunk per lane and redistributed with shuffles, so lane L
-  // gets symbol row + 32k + L at step k.
-  const uint32_t prefix = rans::rans_prefix_bytes(table_bytes);
-  const uint64_t limit = 1ull + n;
-  bool stored = prefix >= limit;
-  uint32_t x = fmt::kStateLow;
-  uint32_t words = 0;
-  uint16_t* wbuf = reinterpret_cast<uint16_t*>(buf + prefix);  // prefix is even
-  // The next two rows' chunks are in flight while the current row encodes.
-  constexpr uint32_t kRow = fmt::kLanes * kChunkSyms;
-  RawChunk<D> next1{}, next2{};
-  if (Aligned && chunk_in_range<D>(h, first, lane * kChunkSyms, n)) next1 = load_raw<D>(p.in, first + lane * kChunkSyms);
-  if (Aligned && chunk_in_range<D>(h, first, kRow + lane * kChunkSyms, n))
-    next2 = load_raw<D>(p.in, first + kRow + lane * kChunkSyms);
-  for (uint32_t row = 0; row < n && !stored; row += kRow) {
-    uint32_t lo = 0, hi = 0;
-    const uint32_t mine = row + lane * kChunkSyms;
-    const bool vec = Aligned && chunk_in_range<D>(h, first, mine, n);
-    const RawChunk<D> cur = next1;
-    next1 = next2;
-    const uint32_t ahead = mine + 2 * kRow;
-    if (Aligned && chunk_in_range<D>(h, first, ahead, n)) next2 = load_raw<D>(p.in, first + ahead);
-    if (vec) {
-      const Chunk<D> c = split_chunk<D>(cur);
-      lo = c.sym[0];
-      hi = c.sym[1];
-    } else {
-      for (int k = 0; k < kChunkSyms; ++k)
-        if (mine + k < n) {
-          const uint32_t sy = T::split(p.in, first + mine + k, h.numel).sym;
-          (k < 4 ? lo : hi) |= sy << (8 * (k & 3));
-        }
-    }
-#pragma unroll
-    for (int k = 0; k < kChunkSyms; ++k) {
-      if (stored) continue;  // group-uniform; no break, so the loop unrolls
-      const uint32_t idx = row + k * fmt::kLanes + lane;
-      const int src = k * (fmt::kLanes / kChunkSyms) + (lane >> 3);
-      const uint32_t wlo = group_shfl(lo, src), whi = group_shfl(hi, src);
-      const uint32_t sym = (((lane & 7) < 4 ? wlo : whi) >> (8 * (lane & 3))) & 0xff;
-      const bool valid = idx < n;
-      const uint2 e = enc[sym];
-      const uint32_t f = e.x & 0x1fff;
-      const bool need = valid && rans::enc_renorm_needed(x, f);
-      const uint32_t ballot = group_ballot(need);
-      const uint32_t cnt = popc32(ballot);
-      if (prefix + 2ull * (words + cnt) >= limit) {
-        stored = true;  // every lane saw the same words/cnt
-        continue;
-      }
-      if (need) {
-        wbuf[words + popc32(ballot & group_lanemask_lt())] = static_cast<uint16_t>(x);
-        x >>= 16;
-      }
-      words += cnt;
-      if (valid) x = rans::enc_put_magic(x, f, (e.x >> 13) & 0xfff, rans::DivMagic{e.y, e.x >> 25});
-    }
-  }
-  group_sync();  // the table bytes (lane 0) are overwritten below in stored mode
-  uint64_t used;
-  if (stored) {
-    if (lane == 0) buf[0] = fmt::kModeStored;
-    for (uint32_t i = lane; i < n; i += fmt::kLanes) buf[1 + i] = T::split(p.in, first + i, h.numel).sym;
-    used = 1ull + n;
+  if constexpr (C == fmt::Codec::Fixed) {
+    return finish_segment<D>(encode_fixed<D, Aligned>(p, first, n, counts, reinterpret_cast<uint8_t*>(freq), buf), n,
+                             p, first, buf);
   } else {
-    const uint32_t wpos = static_cast<uint32_t>(fmt::align_up(1 + table_bytes, 4));
-    if (lane == 0) {
-      buf[0] = fmt::kModeRans;
-      for (uint32_t i = 1 + table_bytes; i < wpos; ++i) buf[i] = 0;
-      put_u32(buf + wpos, words);
-    }
-    reinterpret_cast<uint32_t*>(buf + wpos + 4)[lane] = x;
-    used = prefix + 2ull * words;
+    return finish_segment<D>(encode_rans<D, Aligned>(p, first, n, counts, enc, freq, buf), n, p, first, buf);
   }
-  const uint64_t padded = fmt::align_up(used, fmt::kAlign);
-  for (uint64_t i = used + lane; i < padded; i += fmt::kLanes) buf[i] = 0;
-  group_sync();
-  return padded;
 }
+
 
 // A persistent CTA takes tickets until the blocks run out; ticket t encodes
 // blocks t*kGroupsPerCta + group. Tickets are handed out in order, so every
 // look-back waits only on CTAs already running. The look-back runs per CTA,
 // by group 0 only: on wave64 both groups share one wave, so no group may spin
 // on a result its wave-mate has yet to produce.
-template <fmt::DType D, bool Aligned>
+template <fmt::DType D, bool Aligned, fmt::Codec C>
 PZ_GLOBAL void __launch_bounds__(kCtaThreads) compress_kernel(CompressParams p) {
   constexpr bool plane16 = fmt::has_plane16(D);
   extern __shared__ __align__(16) uint8_t smem[];
@@ -443,7 +522,7 @@ PZ_GLOBAL void __launch_bounds__(kCtaThreads) compress_kernel(CompressParams p) 
     if (ticket * kGroupsPerCta >= l.nblocks) return;  // CTA-uniform
     const uint64_t b = ticket * kGroupsPerCta + group;
     const bool active = b < l.nblocks;
-    const uint64_t padded = active ? encode_block<D, Aligned>(p, l, b, base) : 0;
+    const uint64_t padded = active ? encode_block<D, Aligned, C>(p, l, b, base) : 0;
     if (lane == 0) cta_size[group] = padded;
     __syncthreads();
     if (group == 0) {
@@ -496,6 +575,55 @@ PZ_DEVICE PZ_FORCE_INLINE void store_element(uint8_t* out, uint64_t i, uint64_t 
   }
 }
 
+// Decodes a fixed-code segment (no tables, no sequential state but the escape
+// count). Loads for 8 steps are issued before any of them is used.
+template <fmt::DType D>
+PZ_DEVICE uint32_t decode_fixed(const DecompressParams& p, const uint8_t* seg, uint64_t seglen, uint64_t first,
+                                uint32_t n, const uint8_t* raw8, const uint16_t* raw16) {
+  constexpr bool plane16 = fmt::has_plane16(D);
+  constexpr int kBatch = 8;
+  const int lane = group_lane();
+  if (seglen < fmt::kFixedPrefixBytes) return kErrSegment;
+  const uint64_t escapes = get_u32(seg + 8);
+  if (fixed_segment_bytes(n, escapes) > seglen) return kErrSegment;
+  const uint32_t tab = lane < fmt::kFixedCodes ? seg[1 + lane] : 0;
+  const uint32_t* planes = reinterpret_cast<const uint32_t*>(seg + fmt::kFixedPrefixBytes);  // 4-byte aligned
+  const uint8_t* esc = seg + fmt::kFixedPrefixBytes + fmt::fixed_planes_bytes(n);
+  const uint32_t steps = (n + fmt::kLanes - 1) / fmt::kLanes;
+  uint64_t e = 0;
+  for (uint32_t s0 = 0; s0 < steps; s0 += kBatch) {
+    uint32_t code[kBatch], r8[kBatch];
+    uint16_t r16[kBatch];
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) {
+      const uint32_t s = s0 + k, idx = s * fmt::kLanes + lane;
+      code[k] = r8[k] = r16[k] = 0;
+      if (s < steps) {
+        const uint32_t* w = planes + 3 * s;
+        code[k] = (w[0] >> lane & 1) | (w[1] >> lane & 1) << 1 | (w[2] >> lane & 1) << 2;
+        if (idx < n) {
+          r8[k] = raw8[idx];
+          if (plane16) r16[k] = raw16[idx];
+        }
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) {
+      const uint32_t s = s0 + k, idx = s * fmt::kLanes + lane;
+      if (s >= steps) continue;  // group-uniform
+      const bool valid = idx < n, is_esc = valid && code[k] == fmt::kFixedEscape;
+      const uint32_t eb = group_ballot(is_esc);
+      const uint32_t sym = group_shfl(tab, static_cast<int>(code[k]));
+      if (e + popc32(eb) > escapes) return kErrStream;  // group-uniform
+      if (valid)
+        store_element<D>(p.out, first + idx, p.h.numel, is_esc ? esc[e + popc32(eb & group_lanemask_lt())] : sym,
+                         static_cast<uint8_t>(r8[k]), r16[k]);
+      e += popc32(eb);
+    }
+  }
+  return e == escapes ? 0 : kErrStream;
+}
+
 // Decodes block b into p.out; returns DecodeError bits (group-uniform).
 template <fmt::DType D>
 PZ_DEVICE uint32_t decode_block(const DecompressParams& p, const fmt::Layout& l, uint64_t b, uint8_t* base) {
@@ -522,7 +650,9 @@ PZ_DEVICE uint32_t decode_block(const DecompressParams& p, const fmt::Layout& l,
       store_element<D>(p.out, first + i, h.numel, seg[1 + i], raw8[i], plane16 ? raw16[i] : 0);
     return 0;
   }
-  if (seg[0] != fmt::kModeRans) return kErrSegment;
+  if (seg[0] == fmt::kModeFixed && h.codec == fmt::Codec::Fixed)
+    return decode_fixed<D>(p, seg, seglen, first, n, raw8, raw16);
+  if (seg[0] != fmt::kModeRans || h.codec != fmt::Codec::Rans) return kErrSegment;
   group_sync();  // the previous block's tables are no longer read
   if (lane == 0) *shared_tb = rans::parse_table(seg + 1, seg + seglen, freq);
   group_sync();

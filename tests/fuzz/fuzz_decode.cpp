@@ -25,9 +25,10 @@ int main(int argc, char** argv) {
     const uint64_t numel = rng() % 3 == 0 ? rng() % 64 : rng() % 40000;
     const int64_t shape[1] = {static_cast<int64_t>(numel)};
     std::vector<uint8_t> in(numel * fmt::elem_size(d));
-    // Skewed exponents so most blocks take the rANS path.
+    // Skewed exponents so most blocks take the rANS or fixed path.
     for (size_t i = 0; i < in.size(); ++i) in[i] = (i % 2 || rng() % 4 == 0) ? 0x3c + rng() % 3 : rng();
-    const fmt::Header h = fmt::plan_header(d, numel, shape, 1);
+    const fmt::Codec codec = rng() % 2 ? fmt::Codec::Rans : fmt::Codec::Fixed;
+    const fmt::Header h = fmt::plan_header(d, numel, shape, 1, codec);
     std::vector<uint8_t> buf(fmt::max_stream_bytes(h));
     const uint64_t total = cpu_compress(in.data(), h, buf.data(), 1);
     buf.resize(total);

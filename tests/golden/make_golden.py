@@ -1,4 +1,5 @@
-"""Regenerates the golden streams. Run only on purpose, with a format version bump:
+"""Regenerates the golden streams. Run only on purpose, with a format version bump
+(or, for a case added at the end, checking that every existing file is unchanged):
     python tests/golden/make_golden.py
 """
 import json
@@ -25,14 +26,19 @@ def cases():
     yield "int32_raw", torch.from_numpy(rng.integers(-1000, 1000, (33, 3), dtype=np.int32))
     yield "fp16_empty", torch.empty(0, 4, dtype=torch.float16)
     yield "bf16_scalar", torch.tensor(-2.5, dtype=torch.bfloat16)
+    # Codec 2 (fixed-length code), added after the cases above so their draws are unchanged.
+    yield "bf16_weights_fixed", normal(20_000, 0.02).to(torch.bfloat16), "fixed"
+    yield "fp32_normal_fixed", normal(10_000, 1.0), "fixed"
+    yield "fp8_e5m2_fixed", normal(9_999, 1.0).to(torch.float8_e5m2), "fixed"
 
 
 def main():
     manifest = {}
-    for name, t in cases():
+    for name, t, *codec in cases():
+        codec = codec[0] if codec else "rans"
         (HERE / f"{name}.in").write_bytes(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-        (HERE / f"{name}.pz").write_bytes(pz.compress(t).numpy().tobytes())
-        manifest[name] = {"dtype": str(t.dtype).replace("torch.", ""), "shape": list(t.shape)}
+        (HERE / f"{name}.pz").write_bytes(pz.compress(t, codec=codec).numpy().tobytes())
+        manifest[name] = {"dtype": str(t.dtype).replace("torch.", ""), "shape": list(t.shape), "codec": codec}
     (HERE / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
 
 
