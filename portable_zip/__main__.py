@@ -17,7 +17,7 @@ def main(argv=None) -> int:
     b.add_argument("--codec", action="store_true", help="codec ratio and throughput")
     b.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     b.add_argument("--size", default=None, help="tensor sizes, comma-separated (default: 1MiB..1GiB on GPU, 64MiB on CPU)")
-    b.add_argument("--systems", default="ours,nvcomp,dietgpu", help="GPU: systems measured side by side")
+    b.add_argument("--systems", default="ours,ours-fixed,nvcomp,dietgpu", help="GPU: systems measured side by side")
     b.add_argument("--max-sms", default="", help="GPU: also measure ours under these SM budgets, e.g. 33,66")
     b.add_argument("--png", default=None, help="GPU: write the throughput-vs-size plot here")
     b.add_argument("--reps", type=int, default=None)

@@ -74,7 +74,7 @@ def measure(system: str, tensors: List[str], sizes: List[int], reps: int, seed: 
                 row = {"system": system, "label": LABELS[system], "tensor": name, "bytes": nbytes,
                        "max_sms": sms, "reps": reps}
                 try:
-                    prep = SYSTEMS[system](inputs, max_sms=sms) if system == "ours" else SYSTEMS[system](inputs)
+                    prep = SYSTEMS[system](inputs, max_sms=sms) if system.startswith("ours") else SYSTEMS[system](inputs)
                     comp, decomp, size = prep
                     tc, td = device_median(comp, reps), device_median(decomp, reps)
                     row.update(ratio=size / nbytes, compress_GBps=nbytes / tc / 1e9,
@@ -133,7 +133,7 @@ def plot(rows: list, path: str, tensor: str = HEAD_TO_HEAD) -> None:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--systems", default="ours,nvcomp,dietgpu")
+    p.add_argument("--systems", default="ours,ours-fixed,nvcomp,dietgpu")
     p.add_argument("--sizes", default=DEFAULT_SIZES)
     p.add_argument("--tensors", default=f"{HEAD_TO_HEAD};bf16 U[-1,1]", help="tensors every system runs at every size, ;-separated")
     p.add_argument("--dtype-size", default="256MiB", help="ours runs the other dtypes at this size ('' to skip)")

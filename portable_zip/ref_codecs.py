@@ -16,11 +16,12 @@ import torch
 Prepared = Tuple[Callable[[int], None], Callable[[int], None], int]
 
 
-def ours(inputs: List[torch.Tensor], max_sms=None) -> Prepared:
+def ours(inputs: List[torch.Tensor], max_sms=None, codec_name: str = "rans") -> Prepared:
     import portable_zip as pz
     from . import _C, codec
 
-    bufs = [pz.compress(t) for t in inputs]
+    codec_id = codec._codec_code(codec_name)
+    bufs = [pz.compress(t, codec=codec_name) for t in inputs]
     outs = [torch.empty_like(t) for t in inputs]
     for t, b, o in zip(inputs, bufs, outs):
         pz.decompress(b, out=o)
@@ -37,7 +38,7 @@ def ours(inputs: List[torch.Tensor], max_sms=None) -> Prepared:
     def comp(i: int) -> None:
         k = i % len(inputs)
         _C.compress_gpu(inputs[k].data_ptr(), code, numel, shape, cbufs[k].data_ptr(), ws.data_ptr(),
-                        codec._stream(), sms)
+                        codec._stream(), sms, codec_id)
 
     def decomp(i: int) -> None:
         k = i % len(inputs)
@@ -113,24 +114,29 @@ def dietgpu_float(inputs: List[torch.Tensor]) -> Prepared:
     status = torch.empty([1], dtype=torch.uint8, device=dev)
     out_sizes = torch.empty([1], dtype=torch.int32, device=dev)
     for k, t in enumerate(inputs):
-        ops.compress_data(True, [t], temp, comps[k], sizes[k])
+        ops.compress_data(True, [t], False, temp, comps[k], sizes[k])
     views = [[c[0]] for c in comps]
     for k in range(len(inputs)):
-        ops.decompress_data(True, views[k], [outs[k]], temp, status, out_sizes)
+        ops.decompress_data(True, views[k], [outs[k]], False, temp, status, out_sizes)
     torch.cuda.synchronize()
     for o, t in zip(outs, inputs):
         assert torch.equal(o.view(torch.uint8), t.view(torch.uint8)), "DietGPU round trip"
 
     def comp(i: int) -> None:
         k = i % len(inputs)
-        ops.compress_data(True, [inputs[k]], temp, comps[k], sizes[k])
+        ops.compress_data(True, [inputs[k]], False, temp, comps[k], sizes[k])
 
     def decomp(i: int) -> None:
         k = i % len(inputs)
-        ops.decompress_data(True, views[k], [outs[k]], temp, status, out_sizes)
+        ops.decompress_data(True, views[k], [outs[k]], False, temp, status, out_sizes)
 
     return comp, decomp, int(sizes[0].item())
 
 
-SYSTEMS = {"ours": ours, "nvcomp": nvcomp_ans, "dietgpu": dietgpu_float}
-LABELS = {"ours": "portable_zip", "nvcomp": "nvCOMP 6.0 ANS (<f2)", "dietgpu": "DietGPU float"}
+def ours_fixed(inputs: List[torch.Tensor], max_sms=None) -> Prepared:
+    return ours(inputs, max_sms, "fixed")
+
+
+SYSTEMS = {"ours": ours, "ours-fixed": ours_fixed, "nvcomp": nvcomp_ans, "dietgpu": dietgpu_float}
+LABELS = {"ours": "portable_zip rANS", "ours-fixed": "portable_zip fixed", "nvcomp": "nvCOMP 6.0 ANS (<f2)",
+          "dietgpu": "DietGPU float"}

@@ -309,8 +309,9 @@ PZ_DEVICE uint64_t encode_rans(const CompressParams& p, uint64_t first, uint32_t
     cum += f8[k];
   }
   group_sync();
+  // 32-bit bookkeeping: a segment is at most 1 + 2^14 bytes.
   const uint32_t prefix = rans::rans_prefix_bytes(table_bytes);
-  const uint64_t limit = 1ull + n;
+  const uint32_t limit = 1u + n;
   bool stored = prefix >= limit;
   uint32_t x = fmt::kStateLow;
   uint32_t words = 0;
@@ -318,10 +319,10 @@ PZ_DEVICE uint64_t encode_rans(const CompressParams& p, uint64_t first, uint32_t
   for_each_step<D, Aligned>(p, first, n, stored, [&](uint32_t, uint32_t sym, bool valid) {
     const uint2 e = enc[sym];
     const uint32_t f = e.x & 0x1fff;
-    const bool need = valid && rans::enc_renorm_needed(x, f);
+    const bool need = valid && (x >> (32 - fmt::kProbBits)) >= f;  // rans::enc_renorm_needed, in 32 bits
     const uint32_t ballot = group_ballot(need);
     const uint32_t cnt = popc32(ballot);
-    if (prefix + 2ull * (words + cnt) >= limit) {
+    if (prefix + 2 * (words + cnt) >= limit) {
       stored = true;  // every lane saw the same words/cnt
       return;
     }
@@ -340,7 +341,7 @@ PZ_DEVICE uint64_t encode_rans(const CompressParams& p, uint64_t first, uint32_t
     put_u32(buf + wpos, words);
   }
   reinterpret_cast<uint32_t*>(buf + wpos + 4)[lane] = x;
-  return prefix + 2ull * words;
+  return prefix + 2ull * words;  // < limit
 }
 
 // Fixed-code body of a block (block.h: fixed_table; docs/FORMAT.md). code is
@@ -624,6 +625,71 @@ PZ_DEVICE uint32_t decode_fixed(const DecompressParams& p, const uint8_t* seg, u
   return e == escapes ? 0 : kErrStream;
 }
 
+// The rANS decode loop of one block, from the last step to the first. Raw
+// bits for the next row of 8 steps are loaded while this row decodes (their
+// global latency stays off the state chain). A word-count underflow (corrupt
+// stream) is recorded and the read position clamped, so reads stay inside
+// the segment without a branch. Returns false when the words do not add up.
+template <fmt::DType D, bool Full>
+PZ_DEVICE PZ_FORCE_INLINE bool rans_steps(const DecompressParams& p, uint64_t first, uint32_t n, const uint8_t* lookup,
+                                          const uint32_t* encsym, const uint16_t* wp, uint32_t words,
+                                          const uint8_t* raw8, const uint16_t* raw16, uint32_t& x_io) {
+  constexpr bool plane16 = fmt::has_plane16(D);
+  constexpr int kRowSteps = 8;
+  const int lane = group_lane();
+  const uint32_t lt = group_lanemask_lt();
+  const uint32_t steps = (n + fmt::kLanes - 1) / fmt::kLanes;
+  const int32_t rows = static_cast<int32_t>((steps + kRowSteps - 1) / kRowSteps);
+  const uint8_t* r8 = raw8 + lane;
+  const uint16_t* r16 = raw16 + lane;
+  uint32_t x = x_io, rp = words;
+  bool bad = false;
+  uint8_t cur8[kRowSteps] = {}, nxt8[kRowSteps] = {};
+  uint16_t cur16[kRowSteps] = {}, nxt16[kRowSteps] = {};
+  auto load_row = [&](int32_t r, uint8_t* v8, uint16_t* v16) {
+#pragma unroll
+    for (int k = 0; k < kRowSteps; ++k) {
+      const uint32_t off = static_cast<uint32_t>(r * kRowSteps + k) * fmt::kLanes;
+      if (Full || off + lane < n) {
+        v8[k] = r8[off];
+        if (plane16) v16[k] = r16[off];
+      }
+    }
+  };
+  load_row(rows - 1, cur8, cur16);
+  for (int32_t r = rows - 1; r >= 0; --r) {
+    if (r > 0) load_row(r - 1, nxt8, nxt16);
+    // Pull the coded words of the next rows toward L1 (about 40 words a row).
+    if (lane < 2) prefetch_l1(wp + (rp > 64u * (lane + 1) ? rp - 64u * (lane + 1) : 0));
+#pragma unroll
+    for (int k = kRowSteps - 1; k >= 0; --k) {
+      const uint32_t s = static_cast<uint32_t>(r * kRowSteps + k);
+      if (!Full && s >= steps) continue;  // group-uniform: only in the last row
+      const uint32_t idx = s * fmt::kLanes + lane;
+      const bool valid = Full || idx < n;
+      if (valid) {
+        const uint32_t slot = x & (fmt::kProbScale - 1);
+        const uint8_t sym = lookup[slot];
+        const uint32_t es = encsym[sym];
+        x = (es & 0xffff) * (x >> fmt::kProbBits) + slot - (es >> 16);  // rans::dec_step
+        store_element<D>(p.out, first + idx, p.h.numel, sym, cur8[k], cur16[k]);
+      }
+      const bool need = valid && x < fmt::kStateLow;
+      const uint32_t ballot = group_ballot(need);
+      const uint32_t count = popc32(ballot);
+      const bool under = count > rp;
+      bad |= under;
+      rp = under ? count : rp;
+      if (need) x = (x << 16) | wp[rp - count + popc32(ballot & lt)];
+      rp -= count;
+    }
+#pragma unroll
+    for (int k = 0; k < kRowSteps; ++k) cur8[k] = nxt8[k], cur16[k] = nxt16[k];
+  }
+  x_io = x;
+  return !bad && rp == 0;
+}
+
 // Decodes block b into p.out; returns DecodeError bits (group-uniform).
 template <fmt::DType D>
 PZ_DEVICE uint32_t decode_block(const DecompressParams& p, const fmt::Layout& l, uint64_t b, uint8_t* base) {
@@ -686,55 +752,11 @@ PZ_DEVICE uint32_t decode_block(const DecompressParams& p, const fmt::Layout& l,
   if (group_ballot(x < fmt::kStateLow)) return kErrStream;
   group_sync();  // tables complete
   const uint16_t* wp = reinterpret_cast<const uint16_t*>(seg + prefix);  // the launcher checks 16B alignment
-  uint64_t rp = words;
-  const uint32_t steps = (n + fmt::kLanes - 1) / fmt::kLanes;
-  const int64_t rows = (steps + kRowSteps - 1) / kRowSteps;
-  // Raw bits for the next row of 8 steps are loaded while this row decodes:
-  // their global latency stays off the state chain.
-  uint8_t cur8[kRowSteps] = {}, nxt8[kRowSteps] = {};
-  uint16_t cur16[kRowSteps] = {}, nxt16[kRowSteps] = {};
-  auto load_row = [&](int64_t r, uint8_t* v8, uint16_t* v16) {
-#pragma unroll
-    for (int k = 0; k < kRowSteps; ++k) {
-      const uint32_t idx = static_cast<uint32_t>(r * kRowSteps + k) * fmt::kLanes + lane;
-      if (r >= 0 && idx < n) {
-        v8[k] = raw8[idx];
-        if (plane16) v16[k] = raw16[idx];
-      }
-    }
-  };
-  load_row(rows - 1, cur8, cur16);
-  bool ok = true;
-  for (int64_t r = rows - 1; r >= 0 && ok; --r) {
-    load_row(r - 1, nxt8, nxt16);
-    // Pull the coded words of the next rows toward L1 (about 40 words a row).
-    if (lane < 2) prefetch_l1(wp + (rp > 64u * (lane + 1) ? rp - 64u * (lane + 1) : 0));
-#pragma unroll
-    for (int k = kRowSteps - 1; k >= 0; --k) {
-      const uint32_t s = static_cast<uint32_t>(r * kRowSteps + k);
-      if (s >= steps || !ok) continue;  // group-uniform
-      const uint32_t idx = s * fmt::kLanes + lane;
-      const bool valid = idx < n;
-      if (valid) {
-        const uint8_t sym = lookup[x & (fmt::kProbScale - 1)];
-        const uint32_t es = encsym[sym];
-        x = rans::dec_step(x, es & 0xffff, es >> 16);
-        store_element<D>(p.out, first + idx, h.numel, sym, cur8[k], cur16[k]);
-      }
-      const bool need = valid && x < fmt::kStateLow;
-      const uint32_t ballot = group_ballot(need);
-      const uint32_t count = popc32(ballot);
-      if (count > rp) {
-        ok = false;
-        continue;
-      }
-      if (need) x = (x << 16) | wp[rp - count + popc32(ballot & group_lanemask_lt())];
-      rp -= count;
-    }
-#pragma unroll
-    for (int k = 0; k < kRowSteps; ++k) cur8[k] = nxt8[k], cur16[k] = nxt16[k];
-  }
-  if (!ok || rp != 0 || group_ballot(x != fmt::kStateLow)) return kErrStream;
+  // Full blocks (all but the last) drop every per-lane bounds test.
+  const bool ok = n == (1u << h.block_log2)
+                      ? rans_steps<D, true>(p, first, n, lookup, encsym, wp, static_cast<uint32_t>(words), raw8, raw16, x)
+                      : rans_steps<D, false>(p, first, n, lookup, encsym, wp, static_cast<uint32_t>(words), raw8, raw16, x);
+  if (!ok || group_ballot(x != fmt::kStateLow)) return kErrStream;
   return 0;
 }
 
