@@ -78,12 +78,15 @@ int gpu_decompress(const uint8_t* in, const fmt::Header& h, uint8_t* out, uint32
   const fmt::Layout l = fmt::layout_of(h);
   auto s = static_cast<rt::Stream>(stream);
   gpu::DecompressParams p{in, out, err, h};
-  const uint64_t smem = gpu::kGroupsPerCta * gpu::kDecompressSmemPerGroup;
+  // The fixed code needs no shared tables, so its kernel runs at full occupancy.
+  const bool fixed = h.codec == fmt::Codec::Fixed;
+  const uint64_t smem = fixed ? 0 : gpu::kGroupsPerCta * gpu::kDecompressSmemPerGroup;
   const uint64_t grid = (l.nblocks + gpu::kGroupsPerCta - 1) / gpu::kGroupsPerCta;
   return PZ_DISPATCH_CODED_DTYPE(h.dtype, D, [&] {
+    auto kernel = fixed ? gpu::decompress_kernel<D, fmt::Codec::Fixed> : gpu::decompress_kernel<D, fmt::Codec::Rans>;
     unsigned ctas = 0;
-    if (const int rc = persistent_grid(gpu::decompress_kernel<D>, smem, grid, max_sms, &ctas)) return rc;
-    gpu::decompress_kernel<D><<<ctas, gpu::kCtaThreads, smem, s>>>(p);
+    if (const int rc = persistent_grid(kernel, smem, grid, max_sms, &ctas)) return rc;
+    kernel<<<ctas, gpu::kCtaThreads, smem, s>>>(p);
     const rt::Error e = rt::last_error();
     return e == rt::kSuccess ? static_cast<int>(kOk) : fail(e, "launching the decompress kernel");
   });

@@ -387,7 +387,9 @@ PZ_DEVICE uint64_t encode_fixed(const CompressParams& p, uint64_t first, uint32_
     const uint32_t c = valid ? code[sym] : 0;
     const uint32_t b0 = group_ballot(c & 1), b1 = group_ballot(c & 2), b2 = group_ballot(c & 4);
     const uint32_t eb = group_ballot(c == fmt::kFixedEscape);
-    if (lane < 3) planes[3 * (idx / fmt::kLanes) + lane] = lane == 0 ? b0 : lane == 1 ? b1 : b2;
+    // Steps past the block's end (the tail of its last row) have no planes:
+    // their bytes belong to the escapes.
+    if (lane < 3 && idx - lane < n) planes[3 * (idx / fmt::kLanes) + lane] = lane == 0 ? b0 : lane == 1 ? b1 : b2;
     if (c == fmt::kFixedEscape) esc[e + popc32(eb & group_lanemask_lt())] = static_cast<uint8_t>(sym);
     e += popc32(eb);
   });
@@ -576,13 +578,16 @@ PZ_DEVICE PZ_FORCE_INLINE void store_element(uint8_t* out, uint64_t i, uint64_t 
   }
 }
 
-// Decodes a fixed-code segment (no tables, no sequential state but the escape
-// count). Loads for 8 steps are issued before any of them is used.
+// Decodes a fixed-code segment: no tables and no sequential state but the
+// escape count, so it is a streaming loop. A batch of 8 steps (256 symbols)
+// arrives as one 32-bit plane word per lane (lanes 0..23: the batch's 24 plane
+// words) and 8 raw bytes per lane, redistributed with shuffles; the next
+// batch's loads are in flight while one is decoded.
 template <fmt::DType D>
 PZ_DEVICE uint32_t decode_fixed(const DecompressParams& p, const uint8_t* seg, uint64_t seglen, uint64_t first,
                                 uint32_t n, const uint8_t* raw8, const uint16_t* raw16) {
   constexpr bool plane16 = fmt::has_plane16(D);
-  constexpr int kBatch = 8;
+  constexpr uint32_t kBatch = 8, kBatchSyms = kBatch * fmt::kLanes;
   const int lane = group_lane();
   if (seglen < fmt::kFixedPrefixBytes) return kErrSegment;
   const uint64_t escapes = get_u32(seg + 8);
@@ -591,36 +596,53 @@ PZ_DEVICE uint32_t decode_fixed(const DecompressParams& p, const uint8_t* seg, u
   const uint32_t* planes = reinterpret_cast<const uint32_t*>(seg + fmt::kFixedPrefixBytes);  // 4-byte aligned
   const uint8_t* esc = seg + fmt::kFixedPrefixBytes + fmt::fixed_planes_bytes(n);
   const uint32_t steps = (n + fmt::kLanes - 1) / fmt::kLanes;
-  uint64_t e = 0;
-  for (uint32_t s0 = 0; s0 < steps; s0 += kBatch) {
-    uint32_t code[kBatch], r8[kBatch];
+  const uint32_t lt = group_lanemask_lt();
+  struct Batch {
+    uint32_t plane, lo, hi;
     uint16_t r16[kBatch];
-#pragma unroll
-    for (int k = 0; k < kBatch; ++k) {
-      const uint32_t s = s0 + k, idx = s * fmt::kLanes + lane;
-      code[k] = r8[k] = r16[k] = 0;
-      if (s < steps) {
-        const uint32_t* w = planes + 3 * s;
-        code[k] = (w[0] >> lane & 1) | (w[1] >> lane & 1) << 1 | (w[2] >> lane & 1) << 2;
-        if (idx < n) {
-          r8[k] = raw8[idx];
-          if (plane16) r16[k] = raw16[idx];
-        }
-      }
+  };
+  auto load = [&](uint32_t s0, Batch& bt) {
+    bt.plane = bt.lo = bt.hi = 0;
+    if (s0 + lane / 3 < steps && lane < 3 * static_cast<int>(kBatch)) bt.plane = planes[3 * s0 + lane];
+    const uint32_t base = s0 * fmt::kLanes + 8 * lane;  // this lane's 8 raw bytes (8-byte aligned)
+    if (base + 8 <= n) {
+      const uint2 v = *reinterpret_cast<const uint2*>(raw8 + base);
+      bt.lo = v.x, bt.hi = v.y;
+    } else {
+      for (int j = 0; j < 8; ++j)
+        if (base + j < n) (j < 4 ? bt.lo : bt.hi) |= uint32_t(raw8[base + j]) << (8 * (j & 3));
     }
+    if (plane16)
+      for (uint32_t k = 0; k < kBatch; ++k) {
+        const uint32_t idx = (s0 + k) * fmt::kLanes + lane;
+        bt.r16[k] = idx < n ? raw16[idx] : 0;
+      }
+  };
+  uint64_t e = 0;
+  Batch cur, nxt;
+  load(0, cur);
+  for (uint32_t s0 = 0; s0 < steps; s0 += kBatch) {
+    if (s0 + kBatch < steps) load(s0 + kBatch, nxt);
 #pragma unroll
-    for (int k = 0; k < kBatch; ++k) {
+    for (uint32_t k = 0; k < kBatch; ++k) {
       const uint32_t s = s0 + k, idx = s * fmt::kLanes + lane;
       if (s >= steps) continue;  // group-uniform
-      const bool valid = idx < n, is_esc = valid && code[k] == fmt::kFixedEscape;
+      const uint32_t p0 = group_shfl(cur.plane, 3 * k), p1 = group_shfl(cur.plane, 3 * k + 1),
+                     p2 = group_shfl(cur.plane, 3 * k + 2);
+      const uint32_t code = (p0 >> lane & 1) | (p1 >> lane & 1) << 1 | (p2 >> lane & 1) << 2;
+      const int src = k * (fmt::kLanes / 8) + (lane >> 3);
+      const uint32_t wlo = group_shfl(cur.lo, src), whi = group_shfl(cur.hi, src);
+      const uint32_t r8 = (((lane & 7) < 4 ? wlo : whi) >> (8 * (lane & 3))) & 0xff;
+      const bool valid = idx < n, is_esc = valid && code == fmt::kFixedEscape;
       const uint32_t eb = group_ballot(is_esc);
-      const uint32_t sym = group_shfl(tab, static_cast<int>(code[k]));
+      const uint32_t sym = group_shfl(tab, static_cast<int>(code));
       if (e + popc32(eb) > escapes) return kErrStream;  // group-uniform
       if (valid)
-        store_element<D>(p.out, first + idx, p.h.numel, is_esc ? esc[e + popc32(eb & group_lanemask_lt())] : sym,
-                         static_cast<uint8_t>(r8[k]), r16[k]);
+        store_element<D>(p.out, first + idx, p.h.numel, is_esc ? esc[e + popc32(eb & lt)] : sym,
+                         static_cast<uint8_t>(r8), cur.r16[k]);
       e += popc32(eb);
     }
+    cur = nxt;
   }
   return e == escapes ? 0 : kErrStream;
 }
@@ -691,7 +713,7 @@ PZ_DEVICE PZ_FORCE_INLINE bool rans_steps(const DecompressParams& p, uint64_t fi
 }
 
 // Decodes block b into p.out; returns DecodeError bits (group-uniform).
-template <fmt::DType D>
+template <fmt::DType D, fmt::Codec C>
 PZ_DEVICE uint32_t decode_block(const DecompressParams& p, const fmt::Layout& l, uint64_t b, uint8_t* base) {
   constexpr bool plane16 = fmt::has_plane16(D);
   constexpr int kRowSteps = 8;
@@ -716,9 +738,10 @@ PZ_DEVICE uint32_t decode_block(const DecompressParams& p, const fmt::Layout& l,
       store_element<D>(p.out, first + i, h.numel, seg[1 + i], raw8[i], plane16 ? raw16[i] : 0);
     return 0;
   }
-  if (seg[0] == fmt::kModeFixed && h.codec == fmt::Codec::Fixed)
-    return decode_fixed<D>(p, seg, seglen, first, n, raw8, raw16);
-  if (seg[0] != fmt::kModeRans || h.codec != fmt::Codec::Rans) return kErrSegment;
+  if constexpr (C == fmt::Codec::Fixed) {
+    return seg[0] == fmt::kModeFixed ? decode_fixed<D>(p, seg, seglen, first, n, raw8, raw16) : kErrSegment;
+  }
+  if (seg[0] != fmt::kModeRans) return kErrSegment;
   group_sync();  // the previous block's tables are no longer read
   if (lane == 0) *shared_tb = rans::parse_table(seg + 1, seg + seglen, freq);
   group_sync();
@@ -761,7 +784,7 @@ PZ_DEVICE uint32_t decode_block(const DecompressParams& p, const fmt::Layout& l,
 }
 
 // Persistent: each group strides over the blocks.
-template <fmt::DType D>
+template <fmt::DType D, fmt::Codec C>
 PZ_GLOBAL void __launch_bounds__(kCtaThreads) decompress_kernel(DecompressParams p) {
   extern __shared__ __align__(16) uint8_t smem[];
   const fmt::Layout l = fmt::layout_of(p.h);
@@ -769,7 +792,7 @@ PZ_GLOBAL void __launch_bounds__(kCtaThreads) decompress_kernel(DecompressParams
   uint8_t* base = smem + group * kDecompressSmemPerGroup;
   const uint64_t stride = static_cast<uint64_t>(gridDim.x) * kGroupsPerCta;
   for (uint64_t b = static_cast<uint64_t>(blockIdx.x) * kGroupsPerCta + group; b < l.nblocks; b += stride) {
-    const uint32_t e = decode_block<D>(p, l, b, base);
+    const uint32_t e = decode_block<D, C>(p, l, b, base);
     if (e && group_lane() == 0) atomic_or<Scope::Device>(p.err, e);
   }
 }
