@@ -247,28 +247,33 @@ PZ_DEVICE PZ_FORCE_INLINE bool chunk_in_range(const fmt::Header& h, uint64_t fir
 }
 
 // Pass 2 driver: calls f(idx, sym, valid) for the block's symbols step by
-// step, 8 steps per 256-symbol row, until `stop` turns true (group-uniform).
-// A row is loaded as one 8-symbol chunk per lane and redistributed with
-// shuffles, so lane L gets symbol row + 32k + L at step k; the next two rows'
-// chunks are in flight while a row is coded.
-template <fmt::DType D, bool Aligned, class F>
-PZ_DEVICE PZ_FORCE_INLINE void for_each_step(const CompressParams& p, uint64_t first, uint32_t n, const bool& stop, F&& f) {
+// step, 8 steps per 256-symbol row, and row_done() after each row, stopping
+// when it returns true (group-uniform). A row is loaded as one 8-symbol chunk
+// per lane and redistributed with shuffles, so lane L gets symbol
+// row + 32k + L at step k; the next two rows' chunks are in flight while a
+// row is coded. Steps have no branches (a full block has no bounds tests at
+// all), so the compiler can overlap one step's symbol fetch with the previous
+// step's state update.
+template <fmt::DType D, bool Aligned, bool Full, class F, class R>
+PZ_DEVICE PZ_FORCE_INLINE void for_each_step(const CompressParams& p, uint64_t first, uint32_t n, F&& f, R&& row_done) {
   using T = FloatTraits<D>;
   const fmt::Header& h = p.h;
   const int lane = group_lane();
   constexpr uint32_t kRow = fmt::kLanes * kChunkSyms;
+  const int shift = 8 * (lane & 3);
+  const bool low = (lane & 7) < 4;
   RawChunk<D> next1{}, next2{};
-  if (Aligned && chunk_in_range<D>(h, first, lane * kChunkSyms, n)) next1 = load_raw<D>(p.in, first + lane * kChunkSyms);
-  if (Aligned && chunk_in_range<D>(h, first, kRow + lane * kChunkSyms, n))
-    next2 = load_raw<D>(p.in, first + kRow + lane * kChunkSyms);
-  for (uint32_t row = 0; row < n && !stop; row += kRow) {
+  auto in_range = [&](uint32_t i) { return Full ? i + kChunkSyms <= n : chunk_in_range<D>(h, first, i, n); };
+  if (Aligned && in_range(lane * kChunkSyms)) next1 = load_raw<D>(p.in, first + lane * kChunkSyms);
+  if (Aligned && in_range(kRow + lane * kChunkSyms)) next2 = load_raw<D>(p.in, first + kRow + lane * kChunkSyms);
+  for (uint32_t row = 0; row < n; row += kRow) {
     uint32_t lo = 0, hi = 0;
     const uint32_t mine = row + lane * kChunkSyms;
-    const bool vec = Aligned && chunk_in_range<D>(h, first, mine, n);
+    const bool vec = Aligned && in_range(mine);
     const RawChunk<D> cur = next1;
     next1 = next2;
     const uint32_t ahead = mine + 2 * kRow;
-    if (Aligned && chunk_in_range<D>(h, first, ahead, n)) next2 = load_raw<D>(p.in, first + ahead);
+    if (Aligned && in_range(ahead)) next2 = load_raw<D>(p.in, first + ahead);
     if (vec) {
       const Chunk<D> c = split_chunk<D>(cur);
       lo = c.sym[0];
@@ -282,12 +287,12 @@ PZ_DEVICE PZ_FORCE_INLINE void for_each_step(const CompressParams& p, uint64_t f
     }
 #pragma unroll
     for (int k = 0; k < kChunkSyms; ++k) {
-      if (stop) continue;  // group-uniform; no break, so the loop unrolls
       const uint32_t idx = row + k * fmt::kLanes + lane;
       const int src = k * (fmt::kLanes / kChunkSyms) + (lane >> 3);
       const uint32_t wlo = group_shfl(lo, src), whi = group_shfl(hi, src);
-      f(idx, (((lane & 7) < 4 ? wlo : whi) >> (8 * (lane & 3))) & 0xff, idx < n);
+      f(idx, ((low ? wlo : whi) >> shift) & 0xff, Full || idx < n);
     }
+    if (row_done()) break;
   }
 }
 
@@ -316,23 +321,27 @@ PZ_DEVICE uint64_t encode_rans(const CompressParams& p, uint64_t first, uint32_t
   uint32_t x = fmt::kStateLow;
   uint32_t words = 0;
   uint16_t* wbuf = reinterpret_cast<uint16_t*>(buf + prefix);  // prefix is even
-  for_each_step<D, Aligned>(p, first, n, stored, [&](uint32_t, uint32_t sym, bool valid) {
+  // Words past the staging capacity are not written; the row check then
+  // turns the block into a stored one.
+  const uint32_t cap = stored ? 0 : (limit - prefix) / 2;
+  const uint32_t lt = group_lanemask_lt();
+  auto step = [&](uint32_t, uint32_t sym, bool valid) {
     const uint2 e = enc[sym];
     const uint32_t f = e.x & 0x1fff;
     const bool need = valid && (x >> (32 - fmt::kProbBits)) >= f;  // rans::enc_renorm_needed, in 32 bits
     const uint32_t ballot = group_ballot(need);
-    const uint32_t cnt = popc32(ballot);
-    if (prefix + 2 * (words + cnt) >= limit) {
-      stored = true;  // every lane saw the same words/cnt
-      return;
-    }
-    if (need) {
-      wbuf[words + popc32(ballot & group_lanemask_lt())] = static_cast<uint16_t>(x);
-      x >>= 16;
-    }
-    words += cnt;
-    if (valid) x = rans::enc_put_magic(x, f, (e.x >> 13) & 0xfff, rans::DivMagic{e.y, e.x >> 25});
-  });
+    const uint32_t pos = words + popc32(ballot & lt);
+    if (need && pos < cap) wbuf[pos] = static_cast<uint16_t>(x);
+    x = need ? x >> 16 : x;
+    words += popc32(ballot);
+    const uint32_t y = rans::enc_put_magic(x, f, (e.x >> 13) & 0xfff, rans::DivMagic{e.y, e.x >> 25});
+    x = valid ? y : x;
+  };
+  auto row_done = [&] { return stored = stored || prefix + 2 * words >= limit; };
+  if (!stored) {
+    if (n == (1u << p.h.block_log2)) for_each_step<D, Aligned, true>(p, first, n, step, row_done);
+    else for_each_step<D, Aligned, false>(p, first, n, step, row_done);
+  }
   if (stored) return 0;
   const uint32_t wpos = static_cast<uint32_t>(fmt::align_up(1 + table_bytes, 4));
   if (lane == 0) {
@@ -382,8 +391,7 @@ PZ_DEVICE uint64_t encode_fixed(const CompressParams& p, uint64_t first, uint32_
   uint32_t* planes = reinterpret_cast<uint32_t*>(buf + fmt::kFixedPrefixBytes);  // buf is 16-byte aligned
   uint8_t* esc = buf + fmt::kFixedPrefixBytes + fmt::fixed_planes_bytes(n);
   uint32_t e = 0;
-  const bool never = false;
-  for_each_step<D, Aligned>(p, first, n, never, [&](uint32_t idx, uint32_t sym, bool valid) {
+  auto step = [&](uint32_t idx, uint32_t sym, bool valid) {
     const uint32_t c = valid ? code[sym] : 0;
     const uint32_t b0 = group_ballot(c & 1), b1 = group_ballot(c & 2), b2 = group_ballot(c & 4);
     const uint32_t eb = group_ballot(c == fmt::kFixedEscape);
@@ -392,7 +400,10 @@ PZ_DEVICE uint64_t encode_fixed(const CompressParams& p, uint64_t first, uint32_
     if (lane < 3 && idx - lane < n) planes[3 * (idx / fmt::kLanes) + lane] = lane == 0 ? b0 : lane == 1 ? b1 : b2;
     if (c == fmt::kFixedEscape) esc[e + popc32(eb & group_lanemask_lt())] = static_cast<uint8_t>(sym);
     e += popc32(eb);
-  });
+  };
+  auto never = [] { return false; };
+  if (n == (1u << p.h.block_log2)) for_each_step<D, Aligned, true>(p, first, n, step, never);
+  else for_each_step<D, Aligned, false>(p, first, n, step, never);
   return size;
 }
 
