@@ -33,23 +33,26 @@ struct DecompressParams {
 };
 
 // Shared memory per group for compress: the encode table (whose first 1 KB
-// holds the merged counts until the table is built), frequency scratch, then
-// the segment staging buffer. Pass 1 counts into 32 lane-private histograms of
-// 16-bit pairs laid out [word][lane], so every lane always hits its own bank
-// and no two lanes touch one address (skewed data sends most lanes to one
-// symbol). They live in the staging buffer: they are dead before the table
-// bytes or the first coded word are written there.
-constexpr uint64_t kHistBytes = 128 * fmt::kLanes * 4;
+// holds the merged counts until the table is built), frequency scratch (the
+// fixed code's symbol -> code map), then an 8 KB staging buffer for the
+// block's segment. A segment that does not fit (stored blocks, and coded ones
+// over 8 KB: rare for data that compresses) is written straight to its final
+// place after the look-back instead: stored symbols are split again from the
+// input, an oversized coded body is encoded a second time. A small buffer buys
+// occupancy: 20 warps per SM instead of 10.
+//
+// Pass 1 counts into 16 histograms of 16-bit pairs laid out [word][lane & 15]:
+// a lane shares its histogram only with lane ^ 16, and lanes hitting one bank
+// are at most two (skewed data sends most lanes to one symbol). They live in
+// the staging buffer: dead before the table bytes or a coded word land there.
+constexpr uint32_t kHistReplicas = 16;
+constexpr uint64_t kHistBytes = 128 * kHistReplicas * 4;
 constexpr uint64_t kMaxTableBytes = 1 + 32 + 2 * 256;
 constexpr uint64_t kCompressTableBytes = 256 * 8 + 256 * 2;           // encode table + frequencies
-PZ_HOST_DEVICE constexpr uint64_t staging_bytes(int block_log2) {
-  return fmt::align_up(1 + (1ull << block_log2), fmt::kAlign) > kHistBytes
-             ? fmt::align_up(1 + (1ull << block_log2), fmt::kAlign)
-             : kHistBytes;
-}
-PZ_HOST_DEVICE constexpr uint64_t compress_smem_per_group(int block_log2) {
-  return kCompressTableBytes + staging_bytes(block_log2);
-}
+constexpr uint32_t kStagingBytes = 8192;
+static_assert(kHistBytes <= kStagingBytes, "histograms alias the staging buffer");
+PZ_HOST_DEVICE constexpr uint64_t compress_smem_per_group(int) { return kCompressTableBytes + kStagingBytes; }
+
 // Decoder: encode-order table, frequencies, slot->symbol lookup. (Staging the
 // coded words in a shared-memory window measured slower at >= 256 MiB: see
 // bench/NOTES.md.)
@@ -296,11 +299,50 @@ PZ_DEVICE PZ_FORCE_INLINE void for_each_step(const CompressParams& p, uint64_t f
   }
 }
 
-// rANS body of a block: table, then the interleaved encode into buf.
-// Returns the segment's bytes, or 0 when it must be stored.
+// Where a block's segment is at look-back time. Staged: all of it is in the
+// staging buffer. Stored: nothing is (the symbols are split again at copy-out).
+// Overflow: the prefix is staged and the coded body is encoded again into the
+// output.
+enum SegmentKind : uint32_t { kStaged = 0, kStoredLate = 1, kOverflow = 2 };
+struct Segment {
+  uint32_t used;    // bytes before padding
+  uint32_t kind;
+  uint32_t prefix;  // rANS: bytes before the words
+};
+
+// The rANS encode loop: words go to wbuf while below cap (a word count past
+// the block's limit makes it stored). Returns the final states and the total
+// word count; *stored tells whether the words reached the limit.
 template <fmt::DType D, bool Aligned>
-PZ_DEVICE uint64_t encode_rans(const CompressParams& p, uint64_t first, uint32_t n, const uint32_t* counts, uint2* enc,
-                               uint16_t* freq, uint8_t* buf) {
+PZ_DEVICE PZ_FORCE_INLINE void rans_loop(const CompressParams& p, uint64_t first, uint32_t n, const uint2* enc,
+                                         uint16_t* wbuf, uint32_t cap, uint32_t prefix, uint32_t limit, uint32_t* x_out,
+                                         uint32_t* words_out, bool* stored) {
+  const uint32_t lt = group_lanemask_lt();
+  uint32_t x = fmt::kStateLow, words = 0;
+  auto step = [&](uint32_t, uint32_t sym, bool valid) {
+    const uint2 e = enc[sym];
+    const uint32_t f = e.x & 0x1fff;
+    const bool need = valid && (x >> (32 - fmt::kProbBits)) >= f;  // rans::enc_renorm_needed, in 32 bits
+    const uint32_t ballot = group_ballot(need);
+    const uint32_t pos = words + popc32(ballot & lt);
+    if (need && pos < cap) wbuf[pos] = static_cast<uint16_t>(x);
+    x = need ? x >> 16 : x;
+    words += popc32(ballot);
+    const uint32_t y = rans::enc_put_magic(x, f, (e.x >> 13) & 0xfff, rans::DivMagic{e.y, e.x >> 25});
+    x = valid ? y : x;
+  };
+  auto row_done = [&] { return *stored = prefix + 2 * words >= limit; };
+  if (n == (1u << p.h.block_log2)) for_each_step<D, Aligned, true>(p, first, n, step, row_done);
+  else for_each_step<D, Aligned, false>(p, first, n, step, row_done);
+  *x_out = x;
+  *words_out = words;
+}
+
+// rANS body of a block: table and encode table, then the encode into the
+// staging buffer (words past it are counted, not written).
+template <fmt::DType D, bool Aligned>
+PZ_DEVICE Segment encode_rans(const CompressParams& p, uint64_t first, uint32_t n, const uint32_t* counts, uint2* enc,
+                              uint16_t* freq, uint8_t* buf) {
   const int lane = group_lane();
   quantize_group(counts, n, freq);
   const int table_bytes = write_table_group(freq, buf + 1);
@@ -317,32 +359,13 @@ PZ_DEVICE uint64_t encode_rans(const CompressParams& p, uint64_t first, uint32_t
   // 32-bit bookkeeping: a segment is at most 1 + 2^14 bytes.
   const uint32_t prefix = rans::rans_prefix_bytes(table_bytes);
   const uint32_t limit = 1u + n;
-  bool stored = prefix >= limit;
-  uint32_t x = fmt::kStateLow;
-  uint32_t words = 0;
-  uint16_t* wbuf = reinterpret_cast<uint16_t*>(buf + prefix);  // prefix is even
-  // Words past the staging capacity are not written; the row check then
-  // turns the block into a stored one.
-  const uint32_t cap = stored ? 0 : (limit - prefix) / 2;
-  const uint32_t lt = group_lanemask_lt();
-  auto step = [&](uint32_t, uint32_t sym, bool valid) {
-    const uint2 e = enc[sym];
-    const uint32_t f = e.x & 0x1fff;
-    const bool need = valid && (x >> (32 - fmt::kProbBits)) >= f;  // rans::enc_renorm_needed, in 32 bits
-    const uint32_t ballot = group_ballot(need);
-    const uint32_t pos = words + popc32(ballot & lt);
-    if (need && pos < cap) wbuf[pos] = static_cast<uint16_t>(x);
-    x = need ? x >> 16 : x;
-    words += popc32(ballot);
-    const uint32_t y = rans::enc_put_magic(x, f, (e.x >> 13) & 0xfff, rans::DivMagic{e.y, e.x >> 25});
-    x = valid ? y : x;
-  };
-  auto row_done = [&] { return stored = stored || prefix + 2 * words >= limit; };
-  if (!stored) {
-    if (n == (1u << p.h.block_log2)) for_each_step<D, Aligned, true>(p, first, n, step, row_done);
-    else for_each_step<D, Aligned, false>(p, first, n, step, row_done);
-  }
-  if (stored) return 0;
+  if (prefix >= limit) return {0, kStoredLate, 0};
+  const uint32_t room = kStagingBytes > prefix ? (kStagingBytes - prefix) / 2 : 0;
+  uint32_t x, words;
+  bool stored = false;
+  rans_loop<D, Aligned>(p, first, n, enc, reinterpret_cast<uint16_t*>(buf + prefix), room, prefix, limit, &x, &words,
+                        &stored);
+  if (stored) return {0, kStoredLate, 0};
   const uint32_t wpos = static_cast<uint32_t>(fmt::align_up(1 + table_bytes, 4));
   if (lane == 0) {
     buf[0] = fmt::kModeRans;
@@ -350,14 +373,37 @@ PZ_DEVICE uint64_t encode_rans(const CompressParams& p, uint64_t first, uint32_t
     put_u32(buf + wpos, words);
   }
   reinterpret_cast<uint32_t*>(buf + wpos + 4)[lane] = x;
-  return prefix + 2ull * words;  // < limit
+  const uint32_t used = prefix + 2 * words;  // < limit
+  return {used, used <= kStagingBytes ? kStaged : kOverflow, prefix};
 }
 
-// Fixed-code body of a block (block.h: fixed_table; docs/FORMAT.md). code is
-// 256 bytes of scratch. Returns the segment's bytes, or 0 when it must be stored.
+// The fixed code's bit planes and escapes of one block, written to planes/esc.
 template <fmt::DType D, bool Aligned>
-PZ_DEVICE uint64_t encode_fixed(const CompressParams& p, uint64_t first, uint32_t n, const uint32_t* counts,
-                                uint8_t* code, uint8_t* buf) {
+PZ_DEVICE PZ_FORCE_INLINE void fixed_loop(const CompressParams& p, uint64_t first, uint32_t n, const uint8_t* code,
+                                          uint32_t* planes, uint8_t* esc) {
+  const int lane = group_lane();
+  const uint32_t lt = group_lanemask_lt();
+  uint32_t e = 0;
+  auto step = [&](uint32_t idx, uint32_t sym, bool valid) {
+    const uint32_t c = valid ? code[sym] : 0;
+    const uint32_t b0 = group_ballot(c & 1), b1 = group_ballot(c & 2), b2 = group_ballot(c & 4);
+    const uint32_t eb = group_ballot(c == fmt::kFixedEscape);
+    // Steps past the block's end (the tail of its last row) have no planes:
+    // their bytes belong to the escapes.
+    if (lane < 3 && idx - lane < n) planes[3 * (idx / fmt::kLanes) + lane] = lane == 0 ? b0 : lane == 1 ? b1 : b2;
+    if (c == fmt::kFixedEscape) esc[e + popc32(eb & lt)] = static_cast<uint8_t>(sym);
+    e += popc32(eb);
+  };
+  auto never = [] { return false; };
+  if (n == (1u << p.h.block_log2)) for_each_step<D, Aligned, true>(p, first, n, step, never);
+  else for_each_step<D, Aligned, false>(p, first, n, step, never);
+}
+
+// Fixed-code body of a block (block.h: fixed_table; docs/FORMAT.md): the
+// 12-byte prefix goes to buf, the body too when it fits. code: 256 bytes.
+template <fmt::DType D, bool Aligned>
+PZ_DEVICE Segment encode_fixed(const CompressParams& p, uint64_t first, uint32_t n, const uint32_t* counts,
+                               uint8_t* code, uint8_t* buf) {
   const int lane = group_lane();
   // The 7 most frequent symbols, count descending then symbol ascending; lane
   // L owns symbols 8L..8L+7 and lane c ends up holding the table's entry c.
@@ -376,7 +422,7 @@ PZ_DEVICE uint64_t encode_fixed(const CompressParams& p, uint64_t first, uint32_
   }
   const uint64_t escapes = n - top;
   const uint64_t size = fixed_segment_bytes(n, escapes);
-  if (size >= 1ull + n) return 0;
+  if (size >= 1ull + n) return {0, kStoredLate, 0};
   for (int s = lane; s < 256; s += fmt::kLanes) code[s] = fmt::kFixedEscape;
   group_sync();
   if (lane < fmt::kFixedCodes) {
@@ -388,46 +434,16 @@ PZ_DEVICE uint64_t encode_fixed(const CompressParams& p, uint64_t first, uint32_
     put_u32(buf + 8, static_cast<uint32_t>(escapes));
   }
   group_sync();
-  uint32_t* planes = reinterpret_cast<uint32_t*>(buf + fmt::kFixedPrefixBytes);  // buf is 16-byte aligned
-  uint8_t* esc = buf + fmt::kFixedPrefixBytes + fmt::fixed_planes_bytes(n);
-  uint32_t e = 0;
-  auto step = [&](uint32_t idx, uint32_t sym, bool valid) {
-    const uint32_t c = valid ? code[sym] : 0;
-    const uint32_t b0 = group_ballot(c & 1), b1 = group_ballot(c & 2), b2 = group_ballot(c & 4);
-    const uint32_t eb = group_ballot(c == fmt::kFixedEscape);
-    // Steps past the block's end (the tail of its last row) have no planes:
-    // their bytes belong to the escapes.
-    if (lane < 3 && idx - lane < n) planes[3 * (idx / fmt::kLanes) + lane] = lane == 0 ? b0 : lane == 1 ? b1 : b2;
-    if (c == fmt::kFixedEscape) esc[e + popc32(eb & group_lanemask_lt())] = static_cast<uint8_t>(sym);
-    e += popc32(eb);
-  };
-  auto never = [] { return false; };
-  if (n == (1u << p.h.block_log2)) for_each_step<D, Aligned, true>(p, first, n, step, never);
-  else for_each_step<D, Aligned, false>(p, first, n, step, never);
-  return size;
-}
-
-// Stored fallback when used == 0, then zero padding to 16; returns the padded size.
-template <fmt::DType D>
-PZ_DEVICE uint64_t finish_segment(uint64_t used, uint32_t n, const CompressParams& p, uint64_t first, uint8_t* buf) {
-  using T = FloatTraits<D>;
-  const int lane = group_lane();
-  group_sync();  // bytes written by other lanes (the table) are overwritten in stored mode
-  if (used == 0) {
-    if (lane == 0) buf[0] = fmt::kModeStored;
-    for (uint32_t i = lane; i < n; i += fmt::kLanes) buf[1 + i] = T::split(p.in, first + i, p.h.numel).sym;
-    used = 1ull + n;
-  }
-  const uint64_t padded = fmt::align_up(used, fmt::kAlign);
-  for (uint64_t i = used + lane; i < padded; i += fmt::kLanes) buf[i] = 0;
-  group_sync();
-  return padded;
+  if (size > kStagingBytes) return {static_cast<uint32_t>(size), kOverflow, fmt::kFixedPrefixBytes};
+  fixed_loop<D, Aligned>(p, first, n, code, reinterpret_cast<uint32_t*>(buf + fmt::kFixedPrefixBytes),
+                         buf + fmt::kFixedPrefixBytes + fmt::fixed_planes_bytes(n));
+  return {static_cast<uint32_t>(size), kStaged, fmt::kFixedPrefixBytes};
 }
 
 // Encodes block b into the group's staging buffer (split, histogram, table,
-// rANS, stored fallback) and writes its raw planes. Returns the padded size.
+// coded body) and writes its raw planes. Returns where its segment is.
 template <fmt::DType D, bool Aligned, fmt::Codec C>
-PZ_DEVICE uint64_t encode_block(const CompressParams& p, const fmt::Layout& l, uint64_t b, uint8_t* base) {
+PZ_DEVICE Segment encode_block(const CompressParams& p, const fmt::Layout& l, uint64_t b, uint8_t* base) {
   using T = FloatTraits<D>;
   constexpr bool plane16 = fmt::has_plane16(D);
   const fmt::Header& h = p.h;
@@ -435,18 +451,18 @@ PZ_DEVICE uint64_t encode_block(const CompressParams& p, const fmt::Layout& l, u
   uint2* enc = reinterpret_cast<uint2*>(base);                   // [256]
   uint16_t* freq = reinterpret_cast<uint16_t*>(enc + 256);        // [256]
   uint8_t* buf = reinterpret_cast<uint8_t*>(freq + 256);          // staging
-  uint32_t* hist = reinterpret_cast<uint32_t*>(buf);              // [128 words][32 lanes]
+  uint32_t* hist = reinterpret_cast<uint32_t*>(buf);              // [128 words][16 replicas]
   uint32_t* counts = reinterpret_cast<uint32_t*>(enc);            // [256], until enc is built
   const uint64_t first = b << h.block_log2;
   const uint32_t n = fmt::block_symbols(h, l, b);
 
-  // Pass 1: split, histogram, raw planes. A lane sees at most 2^14 / 32
+  // Pass 1: split, histogram, raw planes. Two lanes see at most 2^14 / 16
   // symbols of a block, so two 16-bit counters share a word.
   group_sync();  // the previous block's segment has left the staging buffer
   for (uint32_t i = lane; i < kHistBytes / 16; i += fmt::kLanes) reinterpret_cast<uint4*>(hist)[i] = make_uint4(0, 0, 0, 0);
   group_sync();
   auto count = [&](uint32_t sym) {
-    atomic_add<Scope::Block>(&hist[(sym >> 1) * fmt::kLanes + lane], 1u << (16 * (sym & 1)));
+    atomic_add<Scope::Block>(&hist[(sym >> 1) * kHistReplicas + (lane & (kHistReplicas - 1))], 1u << (16 * (sym & 1)));
   };
   uint32_t scalar_from = 0;
   if (Aligned) {
@@ -490,23 +506,63 @@ PZ_DEVICE uint64_t encode_block(const CompressParams& p, const fmt::Layout& l, u
     write_raw(p.out, l, plane16, first + i, sp);
   }
   group_sync();
-  // Merge: lane L sums words 4L..4L+3 over the 32 histograms, starting at its
-  // own histogram so the 32 lanes read 32 different banks.
+  // Merge: lane L sums words 4L..4L+3 over the 16 histograms, starting at its
+  // own so that lanes read different banks.
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     const uint32_t w = 4 * lane + j;
     uint32_t sum = 0;
-    for (int r = 0; r < fmt::kLanes; ++r) sum += hist[w * fmt::kLanes + ((r + lane) & (fmt::kLanes - 1))];
+    for (uint32_t r = 0; r < kHistReplicas; ++r) sum += hist[w * kHistReplicas + ((r + lane) & (kHistReplicas - 1))];
     counts[2 * w] = sum & 0xffff;
     counts[2 * w + 1] = sum >> 16;
   }
   group_sync();
-  if constexpr (C == fmt::Codec::Fixed) {
-    return finish_segment<D>(encode_fixed<D, Aligned>(p, first, n, counts, reinterpret_cast<uint8_t*>(freq), buf), n,
-                             p, first, buf);
-  } else {
-    return finish_segment<D>(encode_rans<D, Aligned>(p, first, n, counts, enc, freq, buf), n, p, first, buf);
+  Segment seg;
+  if constexpr (C == fmt::Codec::Fixed) seg = encode_fixed<D, Aligned>(p, first, n, counts, reinterpret_cast<uint8_t*>(freq), buf);
+  else seg = encode_rans<D, Aligned>(p, first, n, counts, enc, freq, buf);
+  group_sync();
+  return seg;
+}
+
+// Writes block b's segment at dst (16-byte aligned): from the staging buffer,
+// or split again (stored), or the staged prefix plus a second encode of the
+// body (overflow). Zero padding to `padded`.
+template <fmt::DType D, bool Aligned, fmt::Codec C>
+PZ_DEVICE void write_segment(const CompressParams& p, const fmt::Layout& l, uint64_t b, const uint8_t* base, Segment seg,
+                             uint64_t padded, uint8_t* dst) {
+  using T = FloatTraits<D>;
+  const int lane = group_lane();
+  const uint2* enc = reinterpret_cast<const uint2*>(base);
+  const uint8_t* code = base + 256 * 8;
+  const uint8_t* buf = base + kCompressTableBytes;
+  const uint64_t first = b << p.h.block_log2;
+  const uint32_t n = fmt::block_symbols(p.h, l, b);
+  uint32_t used = seg.used;
+  if (seg.kind == kStaged) {
+    for (uint64_t i = lane; i < padded / 16; i += fmt::kLanes)
+      reinterpret_cast<uint4*>(dst)[i] = reinterpret_cast<const uint4*>(buf)[i];
+    return;
   }
+  if (seg.kind == kStoredLate) {
+    if (lane == 0) dst[0] = fmt::kModeStored;
+    for (uint32_t i = lane; i < n; i += fmt::kLanes) dst[1 + i] = T::split(p.in, first + i, p.h.numel).sym;
+    used = 1 + n;
+  } else if constexpr (C == fmt::Codec::Fixed) {
+    for (uint32_t i = lane; i < fmt::kFixedPrefixBytes; i += fmt::kLanes) dst[i] = buf[i];
+    fixed_loop<D, Aligned>(p, first, n, code, reinterpret_cast<uint32_t*>(dst + fmt::kFixedPrefixBytes),
+                           dst + fmt::kFixedPrefixBytes + fmt::fixed_planes_bytes(n));
+  } else {
+    // The prefix (a multiple of 4 bytes) is staged; the same loop, fed the
+    // same symbols, writes the same words, now all of them, into place.
+    for (uint32_t i = lane; i < seg.prefix / 4; i += fmt::kLanes)
+      reinterpret_cast<uint32_t*>(dst)[i] = reinterpret_cast<const uint32_t*>(buf)[i];
+    const uint32_t words = (used - seg.prefix) / 2;
+    uint32_t x, w;
+    bool stored = false;
+    rans_loop<D, Aligned>(p, first, n, enc, reinterpret_cast<uint16_t*>(dst + seg.prefix), words, seg.prefix, 1u + n,
+                          &x, &w, &stored);
+  }
+  for (uint64_t i = used + lane; i < padded; i += fmt::kLanes) dst[i] = 0;
 }
 
 
@@ -527,7 +583,6 @@ PZ_GLOBAL void __launch_bounds__(kCtaThreads) compress_kernel(CompressParams p) 
   const int lane = group_lane();
   const int group = static_cast<int>(threadIdx.x) / fmt::kLanes;
   uint8_t* base = smem + group * compress_smem_per_group(h.block_log2);
-  uint8_t* buf = base + kCompressTableBytes;
 
   for (;;) {
     if (threadIdx.x == 0) cta_ticket = atomic_add<Scope::Device>(p.ticket, 1u);
@@ -536,7 +591,11 @@ PZ_GLOBAL void __launch_bounds__(kCtaThreads) compress_kernel(CompressParams p) 
     if (ticket * kGroupsPerCta >= l.nblocks) return;  // CTA-uniform
     const uint64_t b = ticket * kGroupsPerCta + group;
     const bool active = b < l.nblocks;
-    const uint64_t padded = active ? encode_block<D, Aligned, C>(p, l, b, base) : 0;
+    Segment seg{0, kStaged, 0};
+    if (active) seg = encode_block<D, Aligned, C>(p, l, b, base);
+    const uint64_t padded = !active ? 0
+                            : seg.kind == kStoredLate ? fmt::max_segment_bytes(fmt::block_symbols(h, l, b))
+                                                      : fmt::align_up(seg.used, fmt::kAlign);
     if (lane == 0) cta_size[group] = padded;
     __syncthreads();
     if (group == 0) {
@@ -549,9 +608,7 @@ PZ_GLOBAL void __launch_bounds__(kCtaThreads) compress_kernel(CompressParams p) 
     if (active) {
       uint64_t excl = cta_excl;
       for (int g = 0; g < group; ++g) excl += cta_size[g];
-      uint8_t* dst = p.out + l.coded_begin + excl;
-      for (uint64_t i = lane; i < padded / 16; i += fmt::kLanes)
-        reinterpret_cast<uint4*>(dst)[i] = reinterpret_cast<const uint4*>(buf)[i];
+      write_segment<D, Aligned, C>(p, l, b, base, seg, padded, p.out + l.coded_begin + excl);
       if (lane == 0) *reinterpret_cast<uint64_t*>(p.out + l.offsets_begin + 8 * b) = excl + padded;
       if (b == 0) {
         // Header (minus the total, which the last block owns) and the zero gaps.
@@ -598,7 +655,7 @@ template <fmt::DType D>
 PZ_DEVICE uint32_t decode_fixed(const DecompressParams& p, const uint8_t* seg, uint64_t seglen, uint64_t first,
                                 uint32_t n, const uint8_t* raw8, const uint16_t* raw16) {
   constexpr bool plane16 = fmt::has_plane16(D);
-  constexpr uint32_t kBatch = 8, kBatchSyms = kBatch * fmt::kLanes;
+  constexpr uint32_t kBatch = 8;
   const int lane = group_lane();
   if (seglen < fmt::kFixedPrefixBytes) return kErrSegment;
   const uint64_t escapes = get_u32(seg + 8);
@@ -727,7 +784,6 @@ PZ_DEVICE PZ_FORCE_INLINE bool rans_steps(const DecompressParams& p, uint64_t fi
 template <fmt::DType D, fmt::Codec C>
 PZ_DEVICE uint32_t decode_block(const DecompressParams& p, const fmt::Layout& l, uint64_t b, uint8_t* base) {
   constexpr bool plane16 = fmt::has_plane16(D);
-  constexpr int kRowSteps = 8;
   const fmt::Header& h = p.h;
   const int lane = group_lane();
   uint32_t* encsym = reinterpret_cast<uint32_t*>(base);
