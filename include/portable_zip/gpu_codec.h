@@ -689,19 +689,7 @@ PZ_DEVICE uint32_t decode_fixed(const DecompressParams& p, const uint8_t* seg, u
         bt.r16[k] = idx < n ? raw16[idx] : 0;
       }
   };
-  // Escaped symbols come from a register window, like the rANS words: three
-  // 128-byte slices, one u32 per lane; reads use the lower two while the third
-  // is in flight.
-  auto slice = [&](uint32_t base) -> uint32_t {
-    const uint32_t i = base + 4 * lane;
-    if (i + 4 <= escapes) return *reinterpret_cast<const uint32_t*>(esc + i);  // esc is 4-aligned
-    uint32_t v = 0;
-    for (uint32_t k = 0; k < 4; ++k)
-      if (i + k < escapes) v |= uint32_t(esc[i + k]) << (8 * k);
-    return v;
-  };
-  uint32_t eb = 0, win_cur = slice(0), win_next = slice(128), win_pre = slice(256);
-  uint32_t e = 0;
+  uint64_t e = 0;
   Batch cur, nxt;
   load(0, cur);
   for (uint32_t s0 = 0; s0 < steps; s0 += kBatch) {
@@ -717,32 +705,24 @@ PZ_DEVICE uint32_t decode_fixed(const DecompressParams& p, const uint8_t* seg, u
       const uint32_t wlo = group_shfl(cur.lo, src), whi = group_shfl(cur.hi, src);
       const uint32_t r8 = (((lane & 7) < 4 ? wlo : whi) >> (8 * (lane & 3))) & 0xff;
       const bool valid = idx < n, is_esc = valid && code == fmt::kFixedEscape;
-      const uint32_t ebits = group_ballot(is_esc);
+      const uint32_t eb = group_ballot(is_esc);
       const uint32_t sym = group_shfl(tab, static_cast<int>(code));
-      if (e + popc32(ebits) > escapes) return kErrStream;  // group-uniform
-      const uint32_t j = e + popc32(ebits & lt) - eb;  // [0, 256) for escaped lanes
-      const uint32_t vc = group_shfl(win_cur, (j >> 2) & 31), vn = group_shfl(win_next, (j >> 2) & 31);
-      const uint32_t esym = ((j < 128 ? vc : vn) >> (8 * (j & 3))) & 0xff;
-      if (valid) store_element<D>(p.out, first + idx, p.h.numel, is_esc ? esym : sym, static_cast<uint8_t>(r8), cur.r16[k]);
-      e += popc32(ebits);
-      if (e >= eb + 128) {  // group-uniform: slide the window up 128 bytes
-        win_cur = win_next, win_next = win_pre, eb += 128;
-        win_pre = slice(eb + 256);
-      }
+      if (e + popc32(eb) > escapes) return kErrStream;  // group-uniform
+      if (valid)
+        store_element<D>(p.out, first + idx, p.h.numel, is_esc ? esc[e + popc32(eb & lt)] : sym,
+                         static_cast<uint8_t>(r8), cur.r16[k]);
+      e += popc32(eb);
     }
     cur = nxt;
   }
   return e == escapes ? 0 : kErrStream;
 }
 
-// The rANS decode loop of one block, from the last step to the first. Global
-// latency stays off the state chain: raw bits for the next row of 8 steps are
-// loaded while this row decodes, and the coded words come from a register
-// window: three 64-word slices of the word stream, one u32 (two words) per
-// lane; a step reads its words from the upper two with shuffles while the
-// lowest is in flight, 64 to 96 words (~15 steps) ahead of use. A word-count
-// underflow (corrupt stream) is recorded and the read position clamped.
-// Returns false when the words do not add up.
+// The rANS decode loop of one block, from the last step to the first. Raw
+// bits for the next row of 8 steps are loaded while this row decodes (their
+// global latency stays off the state chain). A word-count underflow (corrupt
+// stream) is recorded and the read position clamped, so reads stay inside
+// the segment without a branch. Returns false when the words do not add up.
 template <fmt::DType D, bool Full>
 PZ_DEVICE PZ_FORCE_INLINE bool rans_steps(const DecompressParams& p, uint64_t first, uint32_t n, const uint8_t* lookup,
                                           const uint32_t* encsym, const uint16_t* wp, uint32_t words,
@@ -757,14 +737,6 @@ PZ_DEVICE PZ_FORCE_INLINE bool rans_steps(const DecompressParams& p, uint64_t fi
   const uint16_t* r16 = raw16 + lane;
   uint32_t x = x_io, rp = words;
   bool bad = false;
-  auto slice = [&](int32_t base) -> uint32_t {  // words base + 2*lane and the next, when present
-    const int32_t i = base + 2 * lane;
-    if (i < 0 || static_cast<uint32_t>(i) >= words) return 0;
-    if (static_cast<uint32_t>(i) + 1 < words) return *reinterpret_cast<const uint32_t*>(wp + i);  // wp is 4-aligned
-    return wp[i];
-  };
-  int32_t wb = static_cast<int32_t>((rp + 1) & ~1u) - 64;  // even; rp in [wb, wb + 64]
-  uint32_t win_hi = slice(wb), win_mid = slice(wb - 64), win_lo = slice(wb - 128);
   uint8_t cur8[kRowSteps] = {}, nxt8[kRowSteps] = {};
   uint16_t cur16[kRowSteps] = {}, nxt16[kRowSteps] = {};
   auto load_row = [&](int32_t r, uint8_t* v8, uint16_t* v16) {
@@ -780,6 +752,8 @@ PZ_DEVICE PZ_FORCE_INLINE bool rans_steps(const DecompressParams& p, uint64_t fi
   load_row(rows - 1, cur8, cur16);
   for (int32_t r = rows - 1; r >= 0; --r) {
     if (r > 0) load_row(r - 1, nxt8, nxt16);
+    // Pull the coded words of the next rows toward L1 (about 40 words a row).
+    if (lane < 2) prefetch_l1(wp + (rp > 64u * (lane + 1) ? rp - 64u * (lane + 1) : 0));
 #pragma unroll
     for (int k = kRowSteps - 1; k >= 0; --k) {
       const uint32_t s = static_cast<uint32_t>(r * kRowSteps + k);
@@ -799,16 +773,8 @@ PZ_DEVICE PZ_FORCE_INLINE bool rans_steps(const DecompressParams& p, uint64_t fi
       const bool under = count > rp;
       bad |= under;
       rp = under ? count : rp;
-      const int32_t j = static_cast<int32_t>(rp - count + popc32(ballot & lt)) - (wb - 64);  // [0, 128) if need
-      const uint32_t src = (static_cast<uint32_t>(j) >> 1) & (fmt::kLanes - 1);
-      const uint32_t vh = group_shfl(win_hi, src), vm = group_shfl(win_mid, src);
-      const uint32_t w = ((j >= 64 ? vh : vm) >> (16 * (j & 1))) & 0xffff;
-      x = need ? (x << 16) | w : x;
+      if (need) x = (x << 16) | wp[rp - count + popc32(ballot & lt)];
       rp -= count;
-      if (static_cast<int32_t>(rp) < wb) {  // group-uniform: slide the window down 64 words
-        win_hi = win_mid, win_mid = win_lo, wb -= 64;
-        win_lo = slice(wb - 128);
-      }
     }
 #pragma unroll
     for (int k = 0; k < kRowSteps; ++k) cur8[k] = nxt8[k], cur16[k] = nxt16[k];

@@ -196,6 +196,15 @@ PZ_DEVICE PZ_FORCE_INLINE void store_release_device(uint64_t* p, uint64_t v) {
 #endif
 }
 
+// Hint: pull the line holding p into L1 (no value is read).
+PZ_DEVICE PZ_FORCE_INLINE void prefetch_l1(const void* p) {
+#if defined(PZ_HIP)
+  __builtin_prefetch(p);
+#else
+  asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
+#endif
+}
+
 // One API for 16-byte async copies global -> shared: cp.async on NVIDIA
 // (sm_80+), a plain vector copy with no-op commit/wait on HIP.
 PZ_DEVICE PZ_FORCE_INLINE void async_copy_16(void* smem_dst, const void* gmem_src) {
