@@ -753,7 +753,7 @@ PZ_DEVICE PZ_FORCE_INLINE bool rans_steps(const DecompressParams& p, uint64_t fi
   for (int32_t r = rows - 1; r >= 0; --r) {
     if (r > 0) load_row(r - 1, nxt8, nxt16);
     // Pull the coded words of the next rows toward L1 (about 40 words a row).
-    if (lane < 2) prefetch_l1(wp + (rp > 64u * (lane + 1) ? rp - 64u * (lane + 1) : 0));
+    if (lane < 2 && rp > 64u * (lane + 1)) prefetch_l1(wp + rp - 64u * (lane + 1));  // inside the words
 #pragma unroll
     for (int k = kRowSteps - 1; k >= 0; --k) {
       const uint32_t s = static_cast<uint32_t>(r * kRowSteps + k);
