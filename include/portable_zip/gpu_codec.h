@@ -249,6 +249,14 @@ PZ_DEVICE PZ_FORCE_INLINE bool chunk_in_range(const fmt::Header& h, uint64_t fir
   return i + kChunkSyms <= n && (first + i + kChunkSyms) * E <= h.numel;
 }
 
+// A block whose every symbol has all its elements: no bounds tests needed.
+// (fp8: the last symbol of an odd-sized tensor pairs with an implicit zero.)
+template <fmt::DType D>
+PZ_DEVICE PZ_FORCE_INLINE bool full_block(const fmt::Header& h, uint64_t first, uint32_t n) {
+  constexpr uint64_t E = (D == fmt::DType::Float8E4M3FN || D == fmt::DType::Float8E5M2) ? 2 : 1;
+  return n == (1u << h.block_log2) && (first + n) * E <= h.numel;
+}
+
 // Pass 2 driver: calls f(idx, sym, valid) for the block's symbols step by
 // step, 8 steps per 256-symbol row, and row_done() after each row, stopping
 // when it returns true (group-uniform). A row is loaded as one 8-symbol chunk
@@ -332,7 +340,7 @@ PZ_DEVICE PZ_FORCE_INLINE void rans_loop(const CompressParams& p, uint64_t first
     x = valid ? y : x;
   };
   auto row_done = [&] { return *stored = prefix + 2 * words >= limit; };
-  if (n == (1u << p.h.block_log2)) for_each_step<D, Aligned, true>(p, first, n, step, row_done);
+  if (full_block<D>(p.h, first, n)) for_each_step<D, Aligned, true>(p, first, n, step, row_done);
   else for_each_step<D, Aligned, false>(p, first, n, step, row_done);
   *x_out = x;
   *words_out = words;
@@ -395,7 +403,7 @@ PZ_DEVICE PZ_FORCE_INLINE void fixed_loop(const CompressParams& p, uint64_t firs
     e += popc32(eb);
   };
   auto never = [] { return false; };
-  if (n == (1u << p.h.block_log2)) for_each_step<D, Aligned, true>(p, first, n, step, never);
+  if (full_block<D>(p.h, first, n)) for_each_step<D, Aligned, true>(p, first, n, step, never);
   else for_each_step<D, Aligned, false>(p, first, n, step, never);
 }
 
@@ -846,7 +854,7 @@ PZ_DEVICE uint32_t decode_block(const DecompressParams& p, const fmt::Layout& l,
   group_sync();  // tables complete
   const uint16_t* wp = reinterpret_cast<const uint16_t*>(seg + prefix);  // the launcher checks 16B alignment
   // Full blocks (all but the last) drop every per-lane bounds test.
-  const bool ok = n == (1u << h.block_log2)
+  const bool ok = full_block<D>(h, first, n)
                       ? rans_steps<D, true>(p, first, n, lookup, encsym, wp, static_cast<uint32_t>(words), raw8, raw16, x)
                       : rans_steps<D, false>(p, first, n, lookup, encsym, wp, static_cast<uint32_t>(words), raw8, raw16, x);
   if (!ok || group_ballot(x != fmt::kStateLow)) return kErrStream;
