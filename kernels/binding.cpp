@@ -157,6 +157,30 @@ NB_MODULE(_C, m) {
                        ptr<void>(workspace), ptr<void>(stream), max_sms));
   }, nb::arg("in"), nb::arg("dtype"), nb::arg("numel"), nb::arg("shape"), nb::arg("out"), nb::arg("workspace"),
      nb::arg("stream"), nb::arg("max_sms") = 0, nb::arg("codec") = 1);
+  // A batch of same-dtype tensors: one launch. shapes[j] is tensor j's shape.
+  auto plans = [](int dtype, const std::vector<uint64_t>& numels, const std::vector<std::vector<int64_t>>& shapes,
+                  int codec) {
+    if (numels.size() != shapes.size()) throw std::invalid_argument("numels and shapes differ in length");
+    std::vector<fmt::Header> hs;
+    for (size_t j = 0; j < numels.size(); ++j) hs.push_back(plan(dtype, numels[j], shapes[j], codec));
+    return hs;
+  };
+  m.def("compress_batch_workspace_bytes", [plans](int dtype, const std::vector<uint64_t>& numels,
+                                                  const std::vector<std::vector<int64_t>>& shapes, int codec) {
+    const auto hs = plans(dtype, numels, shapes, codec);
+    return gpu_compress_batch_workspace_bytes(hs.data(), static_cast<int>(hs.size()));
+  });
+  m.def("compress_gpu_batch", [plans](const std::vector<uintptr_t>& ins, int dtype, const std::vector<uint64_t>& numels,
+                                      const std::vector<std::vector<int64_t>>& shapes, const std::vector<uintptr_t>& outs,
+                                      uintptr_t workspace, uintptr_t stream, int max_sms, int codec) {
+    const auto hs = plans(dtype, numels, shapes, codec);
+    if (ins.size() != hs.size() || outs.size() != hs.size()) throw std::invalid_argument("batch lists differ in length");
+    std::vector<const uint8_t*> in(ins.size());
+    std::vector<uint8_t*> out(outs.size());
+    for (size_t j = 0; j < ins.size(); ++j) in[j] = ptr<const uint8_t>(ins[j]), out[j] = ptr<uint8_t>(outs[j]);
+    check(gpu_compress_batch(in.data(), hs.data(), out.data(), static_cast<int>(hs.size()), ptr<void>(workspace),
+                             ptr<void>(stream), max_sms));
+  });
   m.def("decompress_gpu", [](nb::bytes head, uintptr_t in, uint64_t in_len, uintptr_t out, uintptr_t err,
                              uintptr_t stream, int max_sms) {
     check(gpu_decompress(ptr<const uint8_t>(in), parse(head, in_len), ptr<uint8_t>(out), ptr<uint32_t>(err),

@@ -1,5 +1,7 @@
 // GPU launchers, compiled as CUDA or (LANGUAGE HIP in CMake, or hipcc -x hip)
 // as HIP from this one source.
+#include <vector>
+
 #include "launch.h"
 #include "portable_zip/gpu_codec.h"
 #include "portable_zip/runtime.h"
@@ -26,48 +28,87 @@ static int persistent_grid(K kernel, uint64_t smem, uint64_t work, int max_sms, 
   return kOk;
 }
 
-uint64_t gpu_compress_workspace_bytes(const fmt::Header& h) {
-  const fmt::Layout l = fmt::layout_of(h);
-  const uint64_t ctas = (l.nblocks + gpu::kGroupsPerCta - 1) / gpu::kGroupsPerCta;
-  return 8 * ctas + 16;  // look-back status word per CTA + ticket counter
+static uint64_t tickets_of(const fmt::Header& h) {
+  return (fmt::layout_of(h).nblocks + gpu::kGroupsPerCta - 1) / gpu::kGroupsPerCta;
 }
 
-int gpu_compress(const uint8_t* in, const fmt::Header& h, uint8_t* out, void* workspace, void* stream, int max_sms) {
-  if (h.codec == fmt::Codec::Raw || h.block_log2 > fmt::kEncoderMaxBlockLog2 ||
-      reinterpret_cast<uintptr_t>(out) % fmt::kAlign || reinterpret_cast<uintptr_t>(workspace) % 8) {
-    set_last_error("gpu_compress: needs a coded header, block_log2 <= 14, 16-byte aligned output, 8-byte aligned workspace", "");
+// Workspace: ticket counter (16 B), look-back status words of every tensor,
+// then, for a batch, its parameter table and ticket ends. The first two are
+// cleared on the stream; the table is copied in.
+uint64_t gpu_compress_batch_workspace_bytes(const fmt::Header* hs, int n) {
+  uint64_t tickets = 0;
+  for (int j = 0; j < n; ++j) tickets += tickets_of(hs[j]);
+  const uint64_t table = n > 1 ? fmt::align_up(8 * tickets, 16) + n * sizeof(gpu::CompressParams) + 8ull * n : 8 * tickets;
+  return 16 + table;
+}
+
+uint64_t gpu_compress_workspace_bytes(const fmt::Header& h) { return gpu_compress_batch_workspace_bytes(&h, 1); }
+
+int gpu_compress_batch(const uint8_t* const* ins, const fmt::Header* hs, uint8_t* const* outs, int n, void* workspace,
+                       void* stream, int max_sms) {
+  if (n < 1) return kOk;
+  bool aligned = true;
+  for (int j = 0; j < n; ++j) {
+    const fmt::Header& h = hs[j];
+    if (h.codec == fmt::Codec::Raw || h.block_log2 > fmt::kEncoderMaxBlockLog2 || h.dtype != hs[0].dtype ||
+        h.codec != hs[0].codec || reinterpret_cast<uintptr_t>(outs[j]) % fmt::kAlign) {
+      set_last_error("gpu_compress: needs coded headers of one dtype and codec, block_log2 <= 14, 16-byte aligned outputs", "");
+      return kBadArgument;
+    }
+    // 16-byte vector loads need 16-byte-aligned inputs (a view may start anywhere).
+    aligned = aligned && reinterpret_cast<uintptr_t>(ins[j]) % 16 == 0;
+  }
+  if (reinterpret_cast<uintptr_t>(workspace) % 16) {
+    set_last_error("gpu_compress: the workspace must be 16-byte aligned", "");
     return kBadArgument;
   }
-  const fmt::Layout l = fmt::layout_of(h);
   auto s = static_cast<rt::Stream>(stream);
-  rt::Error e = rt::memset_async(workspace, 0, gpu_compress_workspace_bytes(h), s);
+  uint8_t* ws = static_cast<uint8_t*>(workspace);
+  std::vector<gpu::CompressParams> jobs(n);
+  std::vector<uint64_t> ends(n);
+  uint64_t tickets = 0;
+  for (int j = 0; j < n; ++j) {
+    gpu::CompressParams& p = jobs[j];
+    p.in = ins[j];
+    p.out = outs[j];
+    p.status = reinterpret_cast<uint64_t*>(ws + 16) + tickets;
+    p.h = hs[j];
+    fmt::write_header(hs[j], p.header);
+    ends[j] = tickets += tickets_of(hs[j]);
+  }
+  rt::Error e = rt::memset_async(ws, 0, 16 + 8 * tickets, s);
   if (e != rt::kSuccess) return fail(e, "clearing the compress workspace");
-  gpu::CompressParams p{};
-  p.in = in;
-  p.out = out;
-  p.status = static_cast<uint64_t*>(workspace);
-  const uint64_t grid = (l.nblocks + gpu::kGroupsPerCta - 1) / gpu::kGroupsPerCta;
-  p.ticket = reinterpret_cast<uint32_t*>(static_cast<uint8_t*>(workspace) + 8 * grid);
-  p.h = h;
-  fmt::write_header(h, p.header);
-  const uint64_t smem = gpu::kGroupsPerCta * gpu::compress_smem_per_group(h.block_log2);
-  // 16-byte vector loads need a 16-byte-aligned input (a view may start anywhere).
-  const bool aligned = reinterpret_cast<uintptr_t>(in) % 16 == 0;
-  const int rc = PZ_DISPATCH_CODED_DTYPE(h.dtype, D, [&] {
+  gpu::CompressLaunch launch{};
+  launch.one = jobs[0];
+  launch.njobs = static_cast<uint32_t>(n);
+  launch.ticket = reinterpret_cast<uint32_t*>(ws);
+  if (n > 1) {  // pageable source: the copy is staged before the call returns
+    uint8_t* table = ws + fmt::align_up(16 + 8 * tickets, 16);
+    e = rt::memcpy_h2d_async(table, jobs.data(), n * sizeof(gpu::CompressParams), s);
+    if (e == rt::kSuccess) e = rt::memcpy_h2d_async(table + n * sizeof(gpu::CompressParams), ends.data(), 8ull * n, s);
+    if (e != rt::kSuccess) return fail(e, "copying the batch table");
+    launch.jobs = reinterpret_cast<const gpu::CompressParams*>(table);
+    launch.ticket_end = reinterpret_cast<const uint64_t*>(table + n * sizeof(gpu::CompressParams));
+  }
+  const uint64_t smem = gpu::kGroupsPerCta * gpu::compress_smem_per_group(hs[0].block_log2);
+  return PZ_DISPATCH_CODED_DTYPE(hs[0].dtype, D, [&] {
     using fmt::Codec;
-    auto kernel = h.codec == Codec::Fixed ? (aligned ? gpu::compress_kernel<D, true, Codec::Fixed>
-                                                     : gpu::compress_kernel<D, false, Codec::Fixed>)
-                                          : (aligned ? gpu::compress_kernel<D, true, Codec::Rans>
-                                                     : gpu::compress_kernel<D, false, Codec::Rans>);
+    auto kernel = hs[0].codec == Codec::Fixed ? (aligned ? gpu::compress_kernel<D, true, Codec::Fixed>
+                                                         : gpu::compress_kernel<D, false, Codec::Fixed>)
+                                              : (aligned ? gpu::compress_kernel<D, true, Codec::Rans>
+                                                         : gpu::compress_kernel<D, false, Codec::Rans>);
     rt::Error err = rt::set_max_dynamic_smem(kernel, static_cast<int>(smem));
     if (err != rt::kSuccess) return fail(err, "raising the compress kernel's shared-memory limit");
     unsigned ctas = 0;
-    if (const int rc = persistent_grid(kernel, smem, grid, max_sms, &ctas)) return rc;
-    kernel<<<ctas, gpu::kCtaThreads, smem, s>>>(p);
+    if (const int rc = persistent_grid(kernel, smem, tickets, max_sms, &ctas)) return rc;
+    kernel<<<ctas, gpu::kCtaThreads, smem, s>>>(launch);
     err = rt::last_error();
     return err == rt::kSuccess ? static_cast<int>(kOk) : fail(err, "launching the compress kernel");
   });
-  return rc;
+}
+
+int gpu_compress(const uint8_t* in, const fmt::Header& h, uint8_t* out, void* workspace, void* stream, int max_sms) {
+  return gpu_compress_batch(&in, &h, &out, 1, workspace, stream, max_sms);
 }
 
 int gpu_decompress(const uint8_t* in, const fmt::Header& h, uint8_t* out, uint32_t* err, void* stream, int max_sms) {

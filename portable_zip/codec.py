@@ -221,8 +221,36 @@ def inspect(buf: torch.Tensor) -> dict:
 
 def compress_batch(tensors: Sequence[torch.Tensor], *, trim: Optional[bool] = None,
                    threads: Optional[int] = None, max_sms: Optional[int] = None, codec: str = "rans") -> list:
-    """compress() over many tensors."""
-    return [compress(t, trim=trim, threads=threads, max_sms=max_sms, codec=codec) for t in tensors]
+    """compress() over many tensors. On the GPU, the entropy-coded tensors of
+    each (device, dtype) go out in one kernel launch, into views of one buffer
+    (each view padded to max_compressed_size; the headers hold the sizes)."""
+    sms, codec_id = _max_sms(max_sms), _codec_code(codec)
+    out: list = [None] * len(tensors)
+    groups: dict = {}
+    for i, t in enumerate(tensors):
+        _check_tensor(t, f"tensors[{i}]")
+        if t.device.type == "cuda" and _C.raw_header(*_plan(t)) is None:
+            groups.setdefault((t.device, t.dtype), []).append(i)
+        else:
+            out[i] = _compress_padded(t, threads, sms, codec_id)
+    for (device, dtype), idx in groups.items():
+        code = code_of(dtype)
+        numels = [tensors[i].numel() for i in idx]
+        shapes = [list(tensors[i].shape) for i in idx]
+        caps = [-(-_C.max_compressed_size(code, n, sh) // 16) * 16 for n, sh in zip(numels, shapes)]
+        with torch.cuda.device(device):
+            flat = torch.empty(sum(caps), dtype=torch.uint8, device=device)
+            ws = torch.empty(_C.compress_batch_workspace_bytes(code, numels, shapes, codec_id), dtype=torch.uint8,
+                             device=device)
+            views, at = [], 0
+            for cap in caps:
+                views.append(flat[at: at + cap])
+                at += cap
+            _C.compress_gpu_batch([tensors[i].data_ptr() for i in idx], code, numels, shapes,
+                                  [v.data_ptr() for v in views], ws.data_ptr(), _stream(), sms, codec_id)
+        for i, v in zip(idx, views):
+            out[i] = v
+    return [_trim(o) if (trim or (trim is None and o.device.type == "cpu")) else o for o in out]
 
 
 def decompress_batch(bufs: Sequence[torch.Tensor], *, out: Optional[Sequence[torch.Tensor]] = None,

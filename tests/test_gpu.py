@@ -142,3 +142,21 @@ def test_gpu_sm_budget_rejects_bad_values():
     with pytest.raises(ValueError, match="max_sms"):
         with pz.sm_budget(-1):
             pass
+
+
+@pytest.mark.parametrize("codec", ["rans", "fixed"])
+def test_gpu_compress_batch_one_launch(codec):
+    """A batch of mixed dtypes, sizes (empty, tiny, multi-block, odd fp8),
+    raw dtypes and an unaligned view: the same bytes as one call per tensor."""
+    rng = fresh_rng()
+    ts = [weights(rng, n, torch.bfloat16) for n in (0, 1, 4097, 300_001, 1 << 20)]
+    ts += [weights(rng, n, torch.float8_e4m3fn) for n in (1, 70_001)]
+    ts += [random_bits(rng, 65_537, torch.float16), random_bits(rng, 999, torch.int32)]
+    ts += [weights(rng, 50_001, torch.bfloat16)[1:]]  # a view 2 bytes into its storage
+    ts = [t.to(DEV) for t in ts]
+    bufs = pz.compress_batch(ts, codec=codec)
+    for t, b in zip(ts, bufs):
+        assert torch.equal(pz.trim(b), pz.trim(pz.compress(t.contiguous() if t.storage_offset() else t, codec=codec)))
+        assert same_bits(pz.decompress(b), t)
+    trimmed = pz.compress_batch(ts, codec=codec, trim=True, max_sms=2)
+    assert all(torch.equal(a, pz.trim(b)) for a, b in zip(trimmed, bufs))

@@ -16,14 +16,26 @@ constexpr int kGroupsPerCta = 2;
 constexpr int kCtaThreads = kGroupsPerCta * fmt::kLanes;
 static_assert(kCtaThreads % PZ_MAX_WARP_SIZE == 0, "a CTA must fill whole wave64s");
 
+// One tensor to compress.
 struct CompressParams {
   const uint8_t* in;
   uint8_t* out;
-  uint64_t* status;   // one look-back word per CTA, zeroed
-  uint32_t* ticket;   // zeroed; hands out CTA tickets in launch order
+  uint64_t* status;   // one look-back word per ticket of this tensor, zeroed
   fmt::Header h;
   uint8_t header[fmt::kMaxHeaderBytes + fmt::kAlign];  // pre-serialized, total left 0
 };
+
+// One launch compresses one tensor (`one`) or a batch of same-dtype tensors
+// (`jobs`, in device memory): CTA tickets run over the tensors' blocks in
+// order, ticket_end[j] being the first ticket after tensor j.
+struct CompressLaunch {
+  CompressParams one;
+  const CompressParams* jobs;
+  const uint64_t* ticket_end;
+  uint32_t njobs;
+  uint32_t* ticket;   // zeroed; hands out CTA tickets in launch order
+};
+static_assert(sizeof(CompressParams) % 8 == 0, "staged into shared memory in 4-byte words");
 
 struct DecompressParams {
   const uint8_t* in;
@@ -583,23 +595,47 @@ PZ_DEVICE void write_segment(const CompressParams& p, const fmt::Layout& l, uint
 // by group 0 only: on wave64 both groups share one wave, so no group may spin
 // on a result its wave-mate has yet to produce.
 template <fmt::DType D, bool Aligned, fmt::Codec C>
-PZ_GLOBAL void __launch_bounds__(kCtaThreads) compress_kernel(CompressParams p) {
+PZ_GLOBAL void __launch_bounds__(kCtaThreads) compress_kernel(CompressLaunch launch) {
   constexpr bool plane16 = fmt::has_plane16(D);
   extern __shared__ __align__(16) uint8_t smem[];
-  __shared__ uint32_t cta_ticket;
+  __shared__ uint64_t cta_ticket;
   __shared__ uint64_t cta_size[kGroupsPerCta];
   __shared__ uint64_t cta_excl;
-  const fmt::Header& h = p.h;
-  const fmt::Layout l = fmt::layout_of(h);
+  __shared__ __align__(16) uint8_t job_bytes[sizeof(CompressParams)];  // raw: Header is not trivially constructible
+  CompressParams& job = *reinterpret_cast<CompressParams*>(job_bytes);
   const int lane = group_lane();
   const int group = static_cast<int>(threadIdx.x) / fmt::kLanes;
-  uint8_t* base = smem + group * compress_smem_per_group(h.block_log2);
+  const uint64_t total = launch.njobs == 1 ? 0 : launch.ticket_end[launch.njobs - 1];
+  uint32_t current = ~0u;
 
   for (;;) {
-    if (threadIdx.x == 0) cta_ticket = atomic_add<Scope::Device>(p.ticket, 1u);
+    if (threadIdx.x == 0) cta_ticket = atomic_add<Scope::Device>(launch.ticket, 1u);
     __syncthreads();
-    const uint64_t ticket = cta_ticket;
-    if (ticket * kGroupsPerCta >= l.nblocks) return;  // CTA-uniform
+    uint64_t ticket = cta_ticket;
+    uint32_t j = 0;
+    if (launch.njobs > 1) {  // which tensor: the first whose end is past the ticket
+      if (ticket >= total) return;  // CTA-uniform
+      uint32_t lo = 0, hi = launch.njobs - 1;
+      while (lo < hi) {
+        const uint32_t mid = (lo + hi) / 2;
+        if (launch.ticket_end[mid] > ticket) hi = mid;
+        else lo = mid + 1;
+      }
+      j = lo;
+      if (j > 0) ticket -= launch.ticket_end[j - 1];
+    }
+    if (j != current) {  // stage the tensor's parameters in shared memory
+      const CompressParams* src = launch.njobs == 1 ? &launch.one : &launch.jobs[j];
+      for (uint32_t i = threadIdx.x; i < sizeof(CompressParams) / 4; i += blockDim.x)
+        reinterpret_cast<uint32_t*>(&job)[i] = reinterpret_cast<const uint32_t*>(src)[i];
+      current = j;
+      __syncthreads();
+    }
+    const CompressParams& p = job;
+    const fmt::Header& h = p.h;
+    const fmt::Layout l = fmt::layout_of(h);
+    uint8_t* base = smem + group * compress_smem_per_group(h.block_log2);
+    if (ticket * kGroupsPerCta >= l.nblocks) return;  // CTA-uniform (single tensor)
     const uint64_t b = ticket * kGroupsPerCta + group;
     const bool active = b < l.nblocks;
     Segment seg{0, kStaged, 0};
@@ -634,7 +670,7 @@ PZ_GLOBAL void __launch_bounds__(kCtaThreads) compress_kernel(CompressParams p) 
         for (int i = 0; i < 8; ++i) p.out[8 + i] = static_cast<uint8_t>(total >> (8 * i));
       }
     }
-    __syncthreads();  // cta_ticket, cta_size and the staging buffers are reused
+    __syncthreads();  // cta_ticket, cta_size, job and the staging buffers are reused
   }
 }
 

@@ -13,6 +13,9 @@ constexpr Error kSuccess = hipSuccess;
 inline const char* error_string(Error e) { return hipGetErrorString(e); }
 inline Error last_error() { return hipGetLastError(); }
 inline Error memset_async(void* p, int v, size_t n, Stream s) { return hipMemsetAsync(p, v, n, s); }
+inline Error memcpy_h2d_async(void* d, const void* h, size_t n, Stream s) {
+  return hipMemcpyAsync(d, h, n, hipMemcpyHostToDevice, s);
+}
 inline Error current_device(int* d) { return hipGetDevice(d); }
 inline Error warp_size(int dev, int* v) { return hipDeviceGetAttribute(v, hipDeviceAttributeWarpSize, dev); }
 inline Error sm_count(int dev, int* v) { return hipDeviceGetAttribute(v, hipDeviceAttributeMultiprocessorCount, dev); }
@@ -34,6 +37,9 @@ constexpr Error kSuccess = cudaSuccess;
 inline const char* error_string(Error e) { return cudaGetErrorString(e); }
 inline Error last_error() { return cudaGetLastError(); }
 inline Error memset_async(void* p, int v, size_t n, Stream s) { return cudaMemsetAsync(p, v, n, s); }
+inline Error memcpy_h2d_async(void* d, const void* h, size_t n, Stream s) {
+  return cudaMemcpyAsync(d, h, n, cudaMemcpyHostToDevice, s);
+}
 inline Error current_device(int* d) { return cudaGetDevice(d); }
 inline Error warp_size(int dev, int* v) { return cudaDeviceGetAttribute(v, cudaDevAttrWarpSize, dev); }
 inline Error sm_count(int dev, int* v) { return cudaDeviceGetAttribute(v, cudaDevAttrMultiProcessorCount, dev); }
