@@ -137,6 +137,25 @@ def ours_fixed(inputs: List[torch.Tensor], max_sms=None) -> Prepared:
     return ours(inputs, max_sms, "fixed")
 
 
-SYSTEMS = {"ours": ours, "ours-fixed": ours_fixed, "nvcomp": nvcomp_ans, "dietgpu": dietgpu_float}
-LABELS = {"ours": "portable_zip rANS", "ours-fixed": "portable_zip fixed", "nvcomp": "nvCOMP 6.0 ANS (<f2)",
+def ours_batch(inputs: List[torch.Tensor], max_sms=None, count: int = 64) -> Prepared:
+    """compress_batch of `count` tensors, each the size of one input: one launch per call."""
+    import portable_zip as pz
+
+    sets = [[inputs[(k * count + i) % len(inputs)].clone() for i in range(count)] for k in range(3)]
+    bufs = pz.compress_batch(sets[0])
+    for t, b in zip(sets[0], bufs):
+        assert torch.equal(pz.decompress(b).view(torch.uint8), t.view(torch.uint8)), "batch round trip"
+    size = sum(pz.compressed_size(b) for b in bufs)
+
+    def comp(i: int) -> None:
+        pz.compress_batch(sets[i % 3], max_sms=max_sms)
+
+    def decomp(i: int) -> None:
+        raise NotImplementedError("decompress_batch is one launch per tensor")
+
+    return comp, decomp, size / count
+
+
+SYSTEMS = {"ours": ours, "ours-batch": ours_batch, "ours-fixed": ours_fixed, "nvcomp": nvcomp_ans, "dietgpu": dietgpu_float}
+LABELS = {"ours": "portable_zip rANS", "ours-batch": "portable_zip compress_batch (64 tensors, one launch)", "ours-fixed": "portable_zip fixed", "nvcomp": "nvCOMP 6.0 ANS (<f2)",
           "dietgpu": "DietGPU float"}
