@@ -93,10 +93,15 @@ int gpu_compress_batch(const uint8_t* const* ins, const fmt::Header* hs, uint8_t
   const uint64_t smem = gpu::kGroupsPerCta * gpu::compress_smem_per_group(hs[0].block_log2);
   return PZ_DISPATCH_CODED_DTYPE(hs[0].dtype, D, [&] {
     using fmt::Codec;
-    auto kernel = hs[0].codec == Codec::Fixed ? (aligned ? gpu::compress_kernel<D, true, Codec::Fixed>
-                                                         : gpu::compress_kernel<D, false, Codec::Fixed>)
-                                              : (aligned ? gpu::compress_kernel<D, true, Codec::Rans>
-                                                         : gpu::compress_kernel<D, false, Codec::Rans>);
+    // Single tensors read their parameters from the launch (no staging): a
+    // separate instantiation, 13% faster at 256 MiB than the batched one.
+    using K = void (*)(gpu::CompressLaunch);
+    const K kernels[2][2][2] = {
+        {{gpu::compress_kernel<D, false, Codec::Rans, false>, gpu::compress_kernel<D, false, Codec::Rans, true>},
+         {gpu::compress_kernel<D, true, Codec::Rans, false>, gpu::compress_kernel<D, true, Codec::Rans, true>}},
+        {{gpu::compress_kernel<D, false, Codec::Fixed, false>, gpu::compress_kernel<D, false, Codec::Fixed, true>},
+         {gpu::compress_kernel<D, true, Codec::Fixed, false>, gpu::compress_kernel<D, true, Codec::Fixed, true>}}};
+    const K kernel = kernels[hs[0].codec == Codec::Fixed][aligned][n > 1];
     rt::Error err = rt::set_max_dynamic_smem(kernel, static_cast<int>(smem));
     if (err != rt::kSuccess) return fail(err, "raising the compress kernel's shared-memory limit");
     unsigned ctas = 0;

@@ -588,54 +588,16 @@ PZ_DEVICE void write_segment(const CompressParams& p, const fmt::Layout& l, uint
   for (uint64_t i = used + lane; i < padded; i += fmt::kLanes) dst[i] = 0;
 }
 
-
-// A persistent CTA takes tickets until the blocks run out; ticket t encodes
-// blocks t*kGroupsPerCta + group. Tickets are handed out in order, so every
-// look-back waits only on CTAs already running. The look-back runs per CTA,
-// by group 0 only: on wave64 both groups share one wave, so no group may spin
-// on a result its wave-mate has yet to produce.
+// One ticket of one tensor: encode its blocks, look back, write the segments.
 template <fmt::DType D, bool Aligned, fmt::Codec C>
-PZ_GLOBAL void __launch_bounds__(kCtaThreads) compress_kernel(CompressLaunch launch) {
+PZ_DEVICE PZ_FORCE_INLINE void compress_ticket(const CompressParams& p, uint64_t ticket, uint8_t* smem,
+                                               uint64_t* cta_size, uint64_t* cta_excl) {
   constexpr bool plane16 = fmt::has_plane16(D);
-  extern __shared__ __align__(16) uint8_t smem[];
-  __shared__ uint64_t cta_ticket;
-  __shared__ uint64_t cta_size[kGroupsPerCta];
-  __shared__ uint64_t cta_excl;
-  __shared__ __align__(16) uint8_t job_bytes[sizeof(CompressParams)];  // raw: Header is not trivially constructible
-  CompressParams& job = *reinterpret_cast<CompressParams*>(job_bytes);
+  const fmt::Header& h = p.h;
+  const fmt::Layout l = fmt::layout_of(h);
   const int lane = group_lane();
   const int group = static_cast<int>(threadIdx.x) / fmt::kLanes;
-  const uint64_t total = launch.njobs == 1 ? 0 : launch.ticket_end[launch.njobs - 1];
-  uint32_t current = ~0u;
-
-  for (;;) {
-    if (threadIdx.x == 0) cta_ticket = atomic_add<Scope::Device>(launch.ticket, 1u);
-    __syncthreads();
-    uint64_t ticket = cta_ticket;
-    uint32_t j = 0;
-    if (launch.njobs > 1) {  // which tensor: the first whose end is past the ticket
-      if (ticket >= total) return;  // CTA-uniform
-      uint32_t lo = 0, hi = launch.njobs - 1;
-      while (lo < hi) {
-        const uint32_t mid = (lo + hi) / 2;
-        if (launch.ticket_end[mid] > ticket) hi = mid;
-        else lo = mid + 1;
-      }
-      j = lo;
-      if (j > 0) ticket -= launch.ticket_end[j - 1];
-    }
-    if (j != current) {  // stage the tensor's parameters in shared memory
-      const CompressParams* src = launch.njobs == 1 ? &launch.one : &launch.jobs[j];
-      for (uint32_t i = threadIdx.x; i < sizeof(CompressParams) / 4; i += blockDim.x)
-        reinterpret_cast<uint32_t*>(&job)[i] = reinterpret_cast<const uint32_t*>(src)[i];
-      current = j;
-      __syncthreads();
-    }
-    const CompressParams& p = job;
-    const fmt::Header& h = p.h;
-    const fmt::Layout l = fmt::layout_of(h);
-    uint8_t* base = smem + group * compress_smem_per_group(h.block_log2);
-    if (ticket * kGroupsPerCta >= l.nblocks) return;  // CTA-uniform (single tensor)
+  uint8_t* base = smem + group * compress_smem_per_group(h.block_log2);
     const uint64_t b = ticket * kGroupsPerCta + group;
     const bool active = b < l.nblocks;
     Segment seg{0, kStaged, 0};
@@ -649,11 +611,11 @@ PZ_GLOBAL void __launch_bounds__(kCtaThreads) compress_kernel(CompressLaunch lau
       uint64_t agg = 0;
       for (int g = 0; g < kGroupsPerCta; ++g) agg += cta_size[g];
       const uint64_t excl = lookback(p.status, ticket, agg);
-      if (lane == 0) cta_excl = excl;
+      if (lane == 0) *cta_excl = excl;
     }
     __syncthreads();
     if (active) {
-      uint64_t excl = cta_excl;
+      uint64_t excl = *cta_excl;
       for (int g = 0; g < group; ++g) excl += cta_size[g];
       write_segment<D, Aligned, C>(p, l, b, base, seg, padded, p.out + l.coded_begin + excl);
       if (lane == 0) *reinterpret_cast<uint64_t*>(p.out + l.offsets_begin + 8 * b) = excl + padded;
@@ -670,7 +632,57 @@ PZ_GLOBAL void __launch_bounds__(kCtaThreads) compress_kernel(CompressLaunch lau
         for (int i = 0; i < 8; ++i) p.out[8 + i] = static_cast<uint8_t>(total >> (8 * i));
       }
     }
-    __syncthreads();  // cta_ticket, cta_size, job and the staging buffers are reused
+}
+
+// A persistent CTA takes tickets until the blocks run out. Single tensor:
+// ticket t encodes blocks t*kGroupsPerCta + group, its parameters read from
+// the launch itself. Batched: the ticket first picks its tensor, whose
+// parameters are staged in shared memory. Tickets are handed out in order,
+// so every look-back waits only on CTAs already running. The look-back runs
+// per CTA, by group 0 only: on wave64 both groups share one wave, so no group
+// may spin on a result its wave-mate has yet to produce.
+template <fmt::DType D, bool Aligned, fmt::Codec C, bool Batched>
+PZ_GLOBAL void __launch_bounds__(kCtaThreads) compress_kernel(CompressLaunch launch) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  __shared__ uint64_t cta_ticket;
+  __shared__ uint64_t cta_size[kGroupsPerCta];
+  __shared__ uint64_t cta_excl;
+  if constexpr (!Batched) {
+    const uint64_t tickets = (fmt::layout_of(launch.one.h).nblocks + kGroupsPerCta - 1) / kGroupsPerCta;
+    for (;;) {
+      if (threadIdx.x == 0) cta_ticket = atomic_add<Scope::Device>(launch.ticket, 1u);
+      __syncthreads();
+      const uint64_t ticket = cta_ticket;
+      if (ticket >= tickets) return;  // CTA-uniform
+      compress_ticket<D, Aligned, C>(launch.one, ticket, smem, cta_size, &cta_excl);
+      __syncthreads();  // cta_ticket, cta_size and the staging buffers are reused
+    }
+  } else {
+    __shared__ __align__(16) uint8_t job_bytes[sizeof(CompressParams)];  // raw: Header is not trivially constructible
+    CompressParams& job = *reinterpret_cast<CompressParams*>(job_bytes);
+    const uint64_t total = launch.ticket_end[launch.njobs - 1];
+    uint32_t current = ~0u;
+    for (;;) {
+      if (threadIdx.x == 0) cta_ticket = atomic_add<Scope::Device>(launch.ticket, 1u);
+      __syncthreads();
+      uint64_t ticket = cta_ticket;
+      if (ticket >= total) return;  // CTA-uniform
+      uint32_t lo = 0, hi = launch.njobs - 1;  // the first tensor whose end is past the ticket
+      while (lo < hi) {
+        const uint32_t mid = (lo + hi) / 2;
+        if (launch.ticket_end[mid] > ticket) hi = mid;
+        else lo = mid + 1;
+      }
+      if (lo > 0) ticket -= launch.ticket_end[lo - 1];
+      if (lo != current) {
+        for (uint32_t i = threadIdx.x; i < sizeof(CompressParams) / 4; i += blockDim.x)
+          reinterpret_cast<uint32_t*>(job_bytes)[i] = reinterpret_cast<const uint32_t*>(&launch.jobs[lo])[i];
+        current = lo;
+        __syncthreads();
+      }
+      compress_ticket<D, Aligned, C>(job, ticket, smem, cta_size, &cta_excl);
+      __syncthreads();  // cta_ticket, cta_size, job and the staging buffers are reused
+    }
   }
 }
 
