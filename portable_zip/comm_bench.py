@@ -151,6 +151,7 @@ def p2p_modes(rank: int, tensors, reps: int) -> dict:
 
 def comm_worker(rank, world, sizes, ops, reps):
     import portable_zip as pz
+    from portable_zip.comm.collectives import all_gather_native
 
     device = torch.device("cuda", rank) if torch.cuda.is_available() and dist.get_backend() == "nccl" else \
         torch.device("cpu")
@@ -176,7 +177,7 @@ def comm_worker(rank, world, sizes, ops, reps):
 
                     def fn():
                         if mode == "torch":
-                            dist.all_gather_into_tensor(out, src)
+                            all_gather_native(out, src)
                         else:
                             comm.all_gather_single(out, src)
                 else:  # all_reduce

@@ -11,6 +11,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import portable_zip as pz
+from portable_zip.comm.collectives import all_gather_native
 from portable_zip.comm_bench import free_port
 
 
@@ -91,7 +92,7 @@ def _worker(rank: int, world: int, port: int, layers: int, hidden: int, use_gpu:
     mine = grad.clone()
     results[f"allreduce_s_{rank}"] = timed(lambda: comm.all_reduce(mine))
     everyone = torch.empty(world * mine.numel(), dtype=mine.dtype, device=device)
-    dist.all_gather_into_tensor(everyone, mine)
+    all_gather_native(everyone, mine)
     if rank == 0:
         chunks = everyone.chunk(world)
         results["allreduce_identical"] = all(torch.equal(c.view(torch.int16), chunks[0].view(torch.int16))
