@@ -128,3 +128,7 @@ def test_bad_sm_budget():
             pass
     with pz.sm_budget(4):  # CPU calls accept and ignore the GPU budget
         assert torch.equal(pz.decompress(pz.compress(t)), t)
+        with pz.sm_budget(None):
+            assert pz.codec._max_sms(None) == 0
+        assert pz.codec._max_sms(None) == 4 and pz.codec._max_sms(2) == 2
+    assert pz.codec._max_sms(None) == 0
