@@ -21,7 +21,8 @@ uint32_t cpu_decompress(const uint8_t* in, const fmt::Header& h, uint8_t* out, i
 // clears on the stream; decompress ORs DecodeError bits into *err (device).
 // max_sms > 0 limits the persistent grid to that many SMs' worth of CTAs.
 uint64_t gpu_compress_workspace_bytes(const fmt::Header& h);
-// A batch of tensors of one dtype and codec in one launch (16-byte-aligned workspace).
+// A batch of tensors of one dtype and codec in one launch (16-byte-aligned
+// workspace; with more than one tensor, 16-byte-aligned inputs).
 uint64_t gpu_compress_batch_workspace_bytes(const fmt::Header* hs, int n);
 int gpu_compress_batch(const uint8_t* const* ins, const fmt::Header* hs, uint8_t* const* outs, int n, void* workspace,
                        void* stream, int max_sms);
