@@ -31,14 +31,18 @@ def fmt_size(n: int) -> str:
     return f"{n} B"
 
 
-def median_time(fn: Callable[[int], None], device: str, reps: int, warmup: int = 3) -> float:
-    """Median seconds of fn(rep), timed with device events on GPU (after warm-up)."""
+def median_time(fn: Callable[[int], None], device: str, reps: int, warmup: int = 3, sleep_cycles: int = 0) -> float:
+    """Median seconds of fn(rep), timed with device events on GPU (after warm-up).
+    sleep_cycles > 0 queues a busy-wait kernel before each GPU rep, so the host
+    enqueues the rep meanwhile and its call overhead is not timed."""
     for i in range(warmup):
         fn(i)
     times = []
     if device == "cuda":
         torch.cuda.synchronize()
         for i in range(reps):
+            if sleep_cycles:
+                torch.cuda._sleep(sleep_cycles)
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             fn(i)

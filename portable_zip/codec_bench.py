@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -22,28 +21,16 @@ from typing import List, Optional
 import torch
 
 from .bench_data import TENSORS, exponent_entropy_bound
-from .benchmarks import fmt_size, machine_info, parse_size, print_table
+from .benchmarks import fmt_size, machine_info, median_time, parse_size, print_table
 from .ref_codecs import LABELS, SYSTEMS
 
 DEFAULT_SIZES = "1MiB,4MiB,16MiB,64MiB,256MiB,1GiB"
 HEAD_TO_HEAD = "bf16 N(0,0.02^2)"
 
 
-def device_median(fn, reps: int, warmup: int = 3, sleep_cycles: int = 2_000_000) -> float:
-    """Median seconds of fn(rep) on the GPU, the host kept ahead by a queued sleep."""
-    for i in range(warmup):
-        fn(i)
-    torch.cuda.synchronize()
-    times = []
-    for i in range(reps):
-        torch.cuda._sleep(sleep_cycles)  # ~1 ms of GPU time at the default: the host enqueues the rep meanwhile
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn(i)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return statistics.median(times)
+def device_median(fn, reps: int, sleep_cycles: int = 2_000_000) -> float:
+    """Median seconds of fn(rep) on the GPU; the default sleep is ~1 ms of GPU time."""
+    return median_time(fn, "cuda", reps, sleep_cycles=sleep_cycles)
 
 
 def gpu_tensor(name: str, nbytes: int, gen: torch.Generator) -> torch.Tensor:

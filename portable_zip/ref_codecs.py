@@ -72,7 +72,7 @@ def nvcomp_ans(inputs: List[torch.Tensor]) -> Prepared:
     encoded = [codec.encode(a, out=o, compression_config=ccfg) for a, o in zip(arrays, couts)]
     outs = [torch.empty(nbytes, dtype=torch.uint8, device=dev) for _ in inputs]
     douts = [nvcomp.as_array(o) for o in outs]
-    for e, o, t in zip(encoded, douts, inputs):
+    for e, o in zip(encoded, douts):
         codec.decode(e, out=o, decompression_config=dcfg)
     torch.cuda.synchronize()
     for o, t in zip(outs, inputs):
