@@ -21,7 +21,11 @@ def main():
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--json", default=None)
     p.add_argument("--png", default=None)
+    p.add_argument("--overhead", action="store_true",
+                   help="per-call µs of small native ops through torch's entry points and ours")
     a = p.parse_args()
+    if a.overhead:
+        return overhead(a)
     sizes = [parse_size(s) for s in a.sizes.split(",")]
     doc = {"machine": machine_info(), "links": {}}
     for link in a.links.split(","):
@@ -41,6 +45,19 @@ def main():
             json.dump(doc, f, indent=1, default=str)
     if a.png:
         plot(doc, a.png)
+
+
+def overhead(a):
+    sizes = [parse_size(s) for s in a.sizes.split(",")]
+    doc = {"machine": machine_info(), "links": {}}
+    for link in a.links.split(","):
+        res = comm_bench.spawn(2, comm_bench.overhead_worker, sizes, a.reps, env=comm_bench.LINKS[link])
+        doc["links"][link] = res
+        print_table(res["rows"], ["variant", "bytes", "us"], f"{link}: per-call time (median µs, slowest rank)")
+        sys.stdout.flush()
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(doc, f, indent=1, default=str)
 
 
 def plot(doc, path):

@@ -180,20 +180,28 @@ def decompress(buf: torch.Tensor, *, out: Optional[torch.Tensor] = None, threads
         _C.decompress_cpu(head, buf.data_ptr(), buf.numel(), out.data_ptr(), _threads(threads))
         return out
     _check_tensor(buf, "stream")
+    with torch.cuda.device(buf.device):
+        err = torch.zeros(1, dtype=torch.int32, device=buf.device)
+        _decode_gpu(buf, head, info, out, err, sms)
+        bits = int(err.item())
+    if bits:
+        raise FormatError(_C.decode_error_text(bits))
+    return out
+
+
+def _decode_gpu(buf: torch.Tensor, head: bytes, info: dict, out: torch.Tensor, err: torch.Tensor,
+                max_sms: int = 0) -> None:
+    """Queue the decode of GPU stream buf (header already parsed: head, info)
+    into out on the current stream, without a host sync; decode errors OR
+    their bits into err (int32 on the device), read when the caller syncs."""
     if buf.data_ptr() % 16:
         buf = buf.clone()  # the decoder reads 16-byte-aligned segments
     with torch.cuda.device(buf.device):
         if CODECS[info["codec"]] == "raw":
             if info["numel"]:
                 out.reshape(-1).view(torch.uint8).copy_(buf[info["raw_begin"]: info["raw_end"]])
-            return out
-        err = torch.zeros(1, dtype=torch.int32, device=buf.device)
-        _C.decompress_gpu(head, buf.data_ptr(), buf.numel(), out.data_ptr(), err.data_ptr(), _stream(),
-                          sms)
-        bits = int(err.item())
-    if bits:
-        raise FormatError(_C.decode_error_text(bits))
-    return out
+            return
+        _C.decompress_gpu(head, buf.data_ptr(), buf.numel(), out.data_ptr(), err.data_ptr(), _stream(), max_sms)
 
 
 def inspect(buf: torch.Tensor) -> dict:

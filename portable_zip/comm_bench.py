@@ -202,3 +202,56 @@ def comm_worker(rank, world, sizes, ops, reps):
     cal = comms["auto"].policy.cal
     return {"rows": rows, "calibration": cal.describe() if cal else None,
             "ratio": {str(k): v for k, v in comms["always"].policy.ratio.items()}}
+
+
+def overhead_worker(rank, world, sizes, reps):
+    """Per-call time (median µs, slowest rank) of small native ops through
+    torch.distributed's entry points and through ours, to place host overhead:
+    the sync call, async + wait(), async + polling is_completed(), a one-op
+    batch_isend_irecv, and pz.Communicator(compress="auto")."""
+    import portable_zip as pz
+
+    device = torch.device("cuda", rank) if dist.get_backend() == "nccl" else torch.device("cpu")
+    comm = pz.Communicator(compress="auto")
+    peer = 1 - rank
+
+    def poll(w):
+        while not w.is_completed():
+            pass
+        w.wait()
+
+    rows = []
+    for size in sizes:
+        t = weights(size // 2, device, seed=rank)
+        variants = {
+            "all_reduce torch": lambda: dist.all_reduce(t),
+            "all_reduce async+wait": lambda: dist.all_reduce(t, async_op=True).wait(),
+            "all_reduce async+poll": lambda: poll(dist.all_reduce(t, async_op=True)),
+            "all_reduce ours-auto": lambda: comm.all_reduce(t),
+            "send torch": lambda: dist.send(t, peer) if rank == 0 else dist.recv(t, peer),
+            "send isend+poll": lambda: poll(dist.isend(t, peer) if rank == 0 else dist.irecv(t, peer)),
+            "send batch1+wait": lambda: [w.wait() for w in dist.batch_isend_irecv(
+                [dist.P2POp(dist.isend if rank == 0 else dist.irecv, t, peer)])],
+            "send batch1+poll": lambda: [poll(w) for w in dist.batch_isend_irecv(
+                [dist.P2POp(dist.isend if rank == 0 else dist.irecv, t, peer)])],
+            "send ours-auto": lambda: comm.send(t, peer) if rank == 0 else comm.recv(t, peer),
+        }
+        for name, fn in variants.items():
+            if "poll" in name and device.type != "cuda":
+                continue  # gloo's p2p works complete inside wait(), not by polling
+            for _ in range(3):
+                fn()
+            rows.append({"variant": name, "bytes": size, "us": timed(fn, device, reps) * 1e6})
+        # Host-side cost alone: back-to-back calls without a sync in between.
+        if device.type == "cuda":
+            for name in ("all_reduce torch", "all_reduce ours-auto"):
+                fn = variants[name]
+                dist.barrier()
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                for _ in range(reps):
+                    fn()
+                host = (time.perf_counter() - t0) / reps
+                torch.cuda.synchronize()
+                rows.append({"variant": name + " (enqueue loop)", "bytes": size, "us": host * 1e6})
+    return {"rows": rows, "calibration": comm.policy.cal.describe() if comm.policy.cal else None}

@@ -165,7 +165,7 @@ def exchange(tp: Transport, sends: Dict[int, torch.Tensor], recvs: Dict[int, tor
         fixed.append(tp.post(ops))
 
     # Round 3, one group per piece: coded tails, sized by the headers.
-    tails, totals = [], {}
+    tails, totals, heads = [], {}, {}
     for k in range(rounds):
         tp.wait(fixed[k], timeout)
         ops = []
@@ -183,29 +183,43 @@ def exchange(tp: Transport, sends: Dict[int, torch.Tensor], recvs: Dict[int, tor
                 sbuf, lay = entries[k]
                 piece = dst_pieces[p][k]
                 try:
-                    info = _head_info(sbuf, lay)
+                    head, info = _head_info(sbuf, lay)
                 except codec.FormatError as e:
                     raise PeerError(f"rank {p} sent an unreadable stream header: {e}") from e
                 if info["dtype"] != code_of(piece.dtype) or info["numel"] != piece.numel():
                     raise PeerError(f"rank {p} sent a stream of {_describe(info['dtype'], info['numel'])} where "
                                     f"{_describe(code_of(piece.dtype), piece.numel())} was announced")
                 totals[(p, k)] = info["total_bytes"]
+                heads[(p, k)] = head, info
                 ops.append(("recv", sbuf[lay["raw_end"]: info["total_bytes"]], p))
                 res.streams.append((piece.dtype, piece.numel(), info["total_bytes"]))
         tails.append(tp.post(ops))
 
     # Decode piece k as soon as its tail is in; later tails keep arriving.
+    # GPU decodes queue without a host sync and check one error word at the end.
+    err = torch.zeros(1, dtype=torch.int32, device=dev) if dev.type == "cuda" and sbufs else None
     for k in range(rounds):
         tp.wait(tails[k], timeout)
         for p, entries in sbufs.items():
             if k < len(entries):
-                codec.decompress(entries[k][0][: totals[(p, k)]], out=dst_pieces[p][k])
+                stream = entries[k][0][: totals[(p, k)]]
+                if err is None:
+                    try:
+                        codec.decompress(stream, out=dst_pieces[p][k])
+                    except codec.FormatError as e:
+                        raise PeerError(f"rank {p} sent a corrupt stream: {e}") from e
+                else:
+                    codec._decode_gpu(stream, *heads[(p, k)], dst_pieces[p][k], err)
+    if err is not None:
+        bits = int(err.item())
+        if bits:
+            raise PeerError(f"a peer sent a corrupt stream: {_C.decode_error_text(bits)}")
     return res
 
 
-def _head_info(sbuf: torch.Tensor, lay: dict) -> dict:
+def _head_info(sbuf: torch.Tensor, lay: dict) -> tuple:
     head = bytes(sbuf[: lay["raw_begin"]].cpu().numpy().tobytes())
-    return _C.parse_header(head, lay["max_total"])
+    return head, _C.parse_header(head, lay["max_total"])
 
 
 def _check_control(rank: int, peers: List[int], mine: Dict[int, list], theirs: Dict[int, list]) -> Dict[int, int]:
