@@ -1,5 +1,6 @@
 """KV-cache transfer (prefill -> decode disaggregation): rank 0 sends the
-paged KV blocks of one long prompt to rank 1, layer by layer, raw vs ours.
+paged KV blocks of one long prompt to rank 1 (every layer's K and V as one
+batch), torch.distributed's batch_isend_irecv vs ours (one isend/irecv group).
 Shapes of Llama-3.1-8B: 32 layers, 8 KV heads of 128, 16-token blocks.
 
     python bench/kv_transfer.py [--tokens 8192] [--link nvlink-1ch] [--json out.json]

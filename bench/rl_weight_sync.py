@@ -1,5 +1,7 @@
 """RL weight sync: rank 0 (trainer) sends a whole model-shaped bf16 state dict
-to rank 1 (inference), in flattened buckets, raw (torch.distributed) vs ours.
+to rank 1 (inference) as one batch (every parameter tensor as it is, no
+flattening copy): torch.distributed's batch_isend_irecv vs ours (one
+isend/irecv group: the tensors compress in a few launches and travel in waves).
 
     python bench/rl_weight_sync.py [--model 1b|8b] [--link nvlink-1ch] [--json out.json]
 """
@@ -41,24 +43,11 @@ def state_dict(model, device):
     return sd
 
 
-def buckets(tensors, cap):
-    out, cur, n = [], [], 0
-    for t in tensors:
-        if cur and n + t.numel() > cap:
-            out.append(cur)
-            cur, n = [], 0
-        cur.append(t)
-        n += t.numel()
-    return out + ([cur] if cur else [])
-
-
-def worker(rank, world, model, bucket_mib, reps):
+def worker(rank, world, model, reps):
     device = torch.device("cuda", rank) if dist.get_backend() == "nccl" else torch.device("cpu")
-    sd = state_dict(model, device)
-    groups = buckets(list(sd.values()), bucket_mib << 19)
-    flat = [torch.cat([t.reshape(-1) for t in g]) for g in groups]  # the trainer's flattened buckets
-    result = {"tensors": len(sd), "bytes": sum(f.nbytes for f in flat), "buckets": len(flat)}
-    result.update(comm_bench.p2p_modes(rank, flat, reps))
+    sd = list(state_dict(model, device).values())
+    result = {"tensors": len(sd), "bytes": sum(t.nbytes for t in sd)}
+    result.update(comm_bench.p2p_modes(rank, sd, reps))
     return result
 
 
@@ -66,11 +55,10 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--model", default="1b", choices=sorted(MODELS))
     p.add_argument("--link", default="nvlink-1ch", choices=sorted(comm_bench.LINKS))
-    p.add_argument("--bucket-mib", type=int, default=512)
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--json", default=None)
     a = p.parse_args()
-    res = comm_bench.spawn(2, worker, a.model, a.bucket_mib, a.reps, env=comm_bench.LINKS[a.link])
+    res = comm_bench.spawn(2, worker, a.model, a.reps, env=comm_bench.LINKS[a.link])
     res.update(model=a.model, link=a.link)
     report(res, a.json)
 

@@ -117,9 +117,9 @@ def timed(fn, device, reps: int) -> float:
 
 
 def p2p_modes(rank: int, tensors, reps: int) -> dict:
-    """Rank 0 sends every tensor to rank 1, with torch.distributed and then
-    with ours (compress="auto", "always"); rank 1 checks every bit. Median ms
-    per mode, and ours' wire ratio and plans."""
+    """Rank 0 sends every tensor to rank 1 as one batch: torch.distributed's
+    batch_isend_irecv, then ours (compress="auto", "always": one isend/irecv
+    group); rank 1 checks every bit. Median ms per mode, ours' wire ratio and plans."""
     import portable_zip as pz
 
     device = tensors[0].device
@@ -127,13 +127,17 @@ def p2p_modes(rank: int, tensors, reps: int) -> dict:
     result = {}
     for mode in ("torch", "auto", "always"):
         comm = None if mode == "torch" else pz.Communicator(compress=mode)
+        mine = tensors if rank == 0 else recv
 
         def move():
-            for t, r in zip(tensors, recv):
-                if rank == 0:
-                    dist.send(t, 1) if comm is None else comm.send(t, 1)
-                else:
-                    dist.recv(r, 0) if comm is None else comm.recv(r, 0)
+            if comm is None:
+                op = dist.isend if rank == 0 else dist.irecv
+                for w in dist.batch_isend_irecv([dist.P2POp(op, t, 1 - rank) for t in mine]):
+                    w.wait()
+            else:
+                post = comm.isend if rank == 0 else comm.irecv
+                for w in [post(t, 1 - rank) for t in mine]:
+                    w.wait()
 
         move()  # warm-up
         result[f"{mode}_ms"] = timed(move, device, reps) * 1e3
@@ -215,10 +219,21 @@ def overhead_worker(rank, world, sizes, reps):
     comm = pz.Communicator(compress="auto")
     peer = 1 - rank
 
+    os.environ["PZ_NCCL_WAIT"] = "event"
+    comm_ev = pz.Communicator(compress="auto")
+    os.environ.pop("PZ_NCCL_WAIT")
+
     def poll(w):
         while not w.is_completed():
             pass
         w.wait()
+
+    def event_poll(w):
+        w.wait()
+        ev = torch.cuda.Event()
+        ev.record()
+        while not ev.query():
+            pass
 
     rows = []
     for size in sizes:
@@ -227,7 +242,9 @@ def overhead_worker(rank, world, sizes, reps):
             "all_reduce torch": lambda: dist.all_reduce(t),
             "all_reduce async+wait": lambda: dist.all_reduce(t, async_op=True).wait(),
             "all_reduce async+poll": lambda: poll(dist.all_reduce(t, async_op=True)),
+            "all_reduce async+event-poll": lambda: event_poll(dist.all_reduce(t, async_op=True)),
             "all_reduce ours-auto": lambda: comm.all_reduce(t),
+            "all_reduce ours-auto event": lambda: comm_ev.all_reduce(t),
             "send torch": lambda: dist.send(t, peer) if rank == 0 else dist.recv(t, peer),
             "send isend+poll": lambda: poll(dist.isend(t, peer) if rank == 0 else dist.irecv(t, peer)),
             "send batch1+wait": lambda: [w.wait() for w in dist.batch_isend_irecv(
@@ -235,6 +252,7 @@ def overhead_worker(rank, world, sizes, reps):
             "send batch1+poll": lambda: [poll(w) for w in dist.batch_isend_irecv(
                 [dist.P2POp(dist.isend if rank == 0 else dist.irecv, t, peer)])],
             "send ours-auto": lambda: comm.send(t, peer) if rank == 0 else comm.recv(t, peer),
+            "send ours-auto event": lambda: comm_ev.send(t, peer) if rank == 0 else comm_ev.recv(t, peer),
         }
         for name, fn in variants.items():
             if "poll" in name and device.type != "cuda":

@@ -127,6 +127,33 @@ def async_ops(rank, world, seed):
     return True
 
 
+def p2p_batch(rank, world, seed, wave_bytes):
+    """Groups of many isend/irecv per peer (a state dict, KV blocks) in a ring:
+    mixed dtypes, sizes 0 and odd, pieces, several waves; bit-exact, and the
+    group's stats count every tensor."""
+    import portable_zip.comm.wire as wire
+
+    wire.WAVE_BYTES = wave_bytes
+    rng = np.random.default_rng([seed, 99])
+    specs = [(DTYPES[int(rng.integers(len(DTYPES)))], int(n)) for n in
+             [0, 1, 3, 4097, *rng.integers(1, 40_000, 9), 70_001]]
+    nxt, prv = (rank + 1) % world, (rank - 1) % world
+    for mode in ("always", "never"):
+        comm = pz.Communicator(compress=mode, timeout=60)
+        got = [empty(n, dtype=dt) for dt, n in specs]
+        works = [comm.isend(data(seed, rank, 100 + i, n, dt), nxt) for i, (dt, n) in enumerate(specs)]
+        works += [comm.irecv(g, prv) for g in got]
+        for w in works:
+            w.wait()
+        for i, ((dt, n), g) in enumerate(zip(specs, got)):
+            check(same(g, data(seed, prv, 100 + i, n, dt)), f"{mode}: tensor {i} ({dt}, {n}) differs")
+        st = comm.stats
+        check(st["send"]["calls"] == len(specs) and st["recv"]["calls"] == len(specs), f"stats count tensors: {st}")
+        if mode == "always":
+            check(st["send"]["wire_bytes"] < st["send"]["raw_bytes"], f"batch not compressed: {st}")
+    return True
+
+
 def auto_policy(rank, world):
     """compress="auto" on a CPU/gloo group: the codec is slower than loopback, so
     the policy must pick the native plan; overrides flip it."""
@@ -137,7 +164,9 @@ def auto_policy(rank, world):
     dist.all_reduce(ref)
     check(comm.stats["all_reduce"]["plans"] == {"native": 1}, f"auto on loopback: {comm.stats}")
     check(same(t, ref), "native plan must equal torch.distributed")
-    # The other native paths (uint8 views, so fp8 moves on gloo too).
+    # The other native paths (uint8 views, so fp8 moves on gloo too), on a
+    # communicator told its codec is far too slow to pay.
+    comm = pz.Communicator(compress="auto", timeout=60, codec_gbps=1e-4)
     for dtype in (torch.bfloat16, torch.float8_e5m2):
         x = data(7, rank, 1, 5000, dtype)
         b = x.clone() if rank == 1 else empty(5000, dtype=dtype)
@@ -222,6 +251,13 @@ def mismatch(rank, world, kind):
                 comm.recv(torch.zeros(10, device=device()), 0)
             else:
                 comm.send(torch.zeros(10, device=device()), 1)
+        elif kind == "p2p_count":
+            if rank == 0:
+                works = [comm.isend(torch.zeros(10, device=device()), 1), comm.isend(torch.zeros(20, device=device()), 1)]
+            else:
+                works = [comm.irecv(torch.zeros(10, device=device()), 0)]
+            for w in works:
+                w.wait()
         elif kind == "fp8_reduce":
             comm.all_reduce(torch.zeros(10).to(torch.float8_e4m3fn).to(device()))
     except (pz.MismatchError, TypeError) as e:

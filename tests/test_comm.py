@@ -59,6 +59,7 @@ def test_silent_peer_times_out():
     ("collective_dtype", "dtype"),
     ("version", "version mismatch"),
     ("p2p_version", "version mismatch"),
+    ("p2p_count", "rank 0 sends 2 tensors but rank 1 expects 1"),
     ("fp8_reduce", "not defined for torch.float8_e4m3fn"),
 ])
 def test_mismatch_raises_on_both_sides(kind, pattern):
@@ -69,6 +70,13 @@ def test_mismatch_raises_on_both_sides(kind, pattern):
         name, msg = res[r]
         assert name in ("MismatchError", "TypeError"), msg
         assert re.search(pattern, msg), (r, msg)
+
+
+@pytest.mark.parametrize("world,wave_bytes", [(2, 1 << 23), (3, 30_000)])
+def test_p2p_batches(world, wave_bytes):
+    """Many tensors per peer in one isend/irecv group, in one wave or many."""
+    seed = int(np.random.default_rng().integers(0, 2**31))
+    assert all(ok(comm_harness.run(world, comm_workers.p2p_batch, seed, wave_bytes, deadline=300)).values()), seed
 
 
 def test_pipelined_pieces(monkeypatch):

@@ -92,6 +92,9 @@ class Communicator:
         self._pool = concurrent.futures.ThreadPoolExecutor(
             1, thread_name_prefix="pz-comm",
             initializer=(lambda: torch.cuda.set_device(dev)) if dev.type == "cuda" else None)
+        # Native plans on NCCL are stream-ordered like torch.distributed's own
+        # calls; PZ_SYNC_NATIVE=1 makes them wait on the host, bounded by timeout.
+        self._stream_native = backend == "nccl" and os.environ.get("PZ_SYNC_NATIVE", "0") != "1"
         self.tp.connect(self.timeout)  # collective: every rank constructs its Communicator
         if compress == "auto":
             self.policy.calibrate(self.tp, self.group)
@@ -128,13 +131,13 @@ class Communicator:
         while self._outstanding:
             concurrent.futures.wait([self._outstanding.pop(0)])
 
-    def _record(self, op, plan, t0, raw, wire):
+    def _record(self, op, plan, t0, raw, wire, calls: int = 1):
         s = self._stats[op]
-        s["calls"] += 1
+        s["calls"] += calls
         s["raw_bytes"] += int(raw)
         s["wire_bytes"] += int(wire)
         s["time_s"] += time.perf_counter() - t0
-        s["plans"][plan] += 1
+        s["plans"][plan] += calls
 
     def _plan(self, op: str, dtype: torch.dtype, nbytes: int) -> str:
         if self.compress == "never":
@@ -183,6 +186,10 @@ class Communicator:
                                 f"rank {self.rank} {WIRE_VERSION & 0xFF}/{WIRE_VERSION >> 8}")
             elif row[2] != spec[2]:
                 problems.append(f"rank {j} is in {_OPS[row[2]]} while rank {self.rank} is in {op}")
+            elif row[3] != rows[0][3]:
+                names = {v: k for k, v in self._PLAN_IDS.items()}
+                problems.append(f"{op}: rank {j} runs the {names.get(row[3], row[3])} plan but rank 0 the "
+                                f"{names.get(rows[0][3], rows[0][3])} plan (compress= differs between ranks)")
             else:
                 for k in same:
                     if row[4 + k] != rows[0][4 + k]:
@@ -202,22 +209,46 @@ class Communicator:
             return f"dtype {str(CODE_TO_DTYPE.get(v, v)).replace('torch.', '')}"
         return f"{names[min(k, 2)]} {v}"
 
-    def _native_done(self, op: str, t0: float, work, sent: int) -> None:
-        """Wait (bounded by the timeout) for a native op and record it."""
-        self.tp.wait([work], self.timeout)
-        self._record(op, "native", t0, sent, sent)
+    def _native_done(self, op: str, t0: float, works, sent: int, calls: int = 1) -> None:
+        """Finish a native op the way torch.distributed does and record it: on
+        NCCL, order the current stream after it and return (no host wait, so
+        auto costs what torch costs); on gloo, wait bounded by the timeout."""
+        works = works if isinstance(works, list) else [works]
+        if self._stream_native:
+            for w in works:
+                w.wait()
+        else:
+            self.tp.wait(works, self.timeout)
+        self._record(op, "native", t0, sent, sent, calls)
 
     # --- point to point -------------------------------------------------------
     # isend/irecv are grouped, like torch.distributed.batch_isend_irecv (and
     # NCCL group semantics): ops posted before a wait() run as one exchange, so
-    # a ring of isend + irecv cannot deadlock. Peers must post matching groups.
+    # a ring of isend + irecv cannot deadlock, and a batch of tensors (a state
+    # dict, KV blocks) costs the round trips of one transfer. Peers must post
+    # matching groups.
     def send(self, t: torch.Tensor, dst: int) -> None:
-        self.isend(t, dst)
-        self._flush(inline=True)
+        self._check(t, "send tensor")
+        self._peer(dst)
+        if not self._lone_native("send", t, dst):
+            self._post_p2p("send", t, dst)
+            self._flush(inline=True)
 
     def recv(self, t: torch.Tensor, src: int) -> None:
-        self.irecv(t, src)
-        self._flush(inline=True)
+        self._check(t, "recv tensor")
+        self._peer(src)
+        if not self._lone_native("recv", t, src):
+            self._post_p2p("recv", t, src)
+            self._flush(inline=True)
+
+    def _lone_native(self, kind: str, t: torch.Tensor, peer: int) -> bool:
+        """A blocking send/recv with nothing queued whose plan is native: one
+        torch.distributed transfer, nothing else (both sides decide alike)."""
+        if self._pending or self._outstanding or self._plan("send", t.dtype, t.nbytes) != "native":
+            return False
+        t0 = time.perf_counter()
+        self._native_done(kind, t0, self.tp.post([(kind, t, peer)]), t.nbytes if kind == "send" else 0)
+        return True
 
     def isend(self, t: torch.Tensor, dst: int) -> Work:
         self._check(t, "send tensor")
@@ -235,51 +266,53 @@ class Communicator:
         return Work(fut, self._flush)
 
     def _flush(self, inline: bool = False) -> None:
-        """Run the pending isend/irecv group on the worker, in rounds holding at
-        most one send and one receive per peer (both sides split alike)."""
+        """Run the pending isend/irecv group on the worker as one exchange:
+        tensors to (from) the same peer travel in posting order, in waves."""
         pending, self._pending = self._pending, []
         if not pending:
             return
-        rounds = []
-        for kind, t, peer, fut in pending:
-            for rnd in rounds:
-                if (kind, peer) not in rnd:
-                    rnd[(kind, peer)] = (t, fut)
-                    break
-            else:
-                rounds.append({(kind, peer): (t, fut)})
+        sends, recvs = {}, {}
+        for kind, t, peer, _ in pending:
+            (sends if kind == "send" else recvs).setdefault(peer, []).append(t)
+        n_send = sum(len(v) for v in sends.values())
 
         def run():
             try:
-                for rnd in rounds:
-                    sends = {p: t for (k, p), (t, _) in rnd.items() if k == "send"}
-                    recvs = {p: t for (k, p), (t, _) in rnd.items() if k == "recv"}
-                    t0 = time.perf_counter()
-                    # Both sides derive each transfer's plan from agreed inputs alike.
-                    plans = {self._plan("send", t.dtype, t.nbytes) for t in [*sends.values(), *recvs.values()]}
-                    if plans == {"native"}:
-                        # Fast path: straight to torch.distributed, no extra round trip.
-                        ops = [("send", t, p) for p, t in sends.items()] + [("recv", t, p) for p, t in recvs.items()]
-                        self.tp.wait(self.tp.post(ops), self.timeout)
-                        raw = sum(t.nbytes for t in sends.values())
-                        res = coll.Result(raw, raw)
-                        plan = "native"
+                t0 = time.perf_counter()
+                # Both sides of a pair see the same tensors (one's sends are the
+                # other's receives), so they derive the same plan: per dtype, on
+                # the group's total bytes, as the group moves as one transfer.
+                total = defaultdict(int)
+                for ts in [*sends.values(), *recvs.values()]:
+                    for t in ts:
+                        total[t.dtype] += t.nbytes
+                plans = {self._plan("send", dtype, n) for dtype, n in total.items()}
+                if plans == {"native"}:
+                    # Fast path: straight to torch.distributed, no extra round trip.
+                    ops = [("send", t, p) for p, ts in sends.items() for t in ts] + \
+                          [("recv", t, p) for p, ts in recvs.items() for t in ts]
+                    works = self.tp.post(ops)
+                    if self._stream_native:
+                        for w in works:
+                            w.wait()
                     else:
-                        coded = "compressed" in plans
-                        res = coll.exchange(self.tp, sends, recvs, coded, self.timeout)
-                        plan = "compressed" if coded else "raw"
-                    if sends:
-                        self._record("send", plan, t0, res.raw_bytes, res.wire_bytes)
-                    if recvs:
-                        self._record("recv", plan, t0, 0, 0)
+                        self.tp.wait(works, self.timeout)
+                    raw = sum(t.nbytes for ts in sends.values() for t in ts)
+                    res, plan = coll.Result(raw, raw), "native"
+                else:
+                    coded = "compressed" in plans
+                    res = coll.exchange(self.tp, sends, recvs, coded, self.timeout)
+                    plan = "compressed" if coded else "raw"
+                if sends:
+                    self._record("send", plan, t0, res.raw_bytes, res.wire_bytes, calls=n_send)
+                if recvs:
+                    self._record("recv", plan, t0, 0, 0, calls=len(pending) - n_send)
             except BaseException as e:  # noqa: BLE001 - every op of the group fails alike
-                for rnd in rounds:
-                    for _, fut in rnd.values():
-                        fut.set_exception(e)
+                for *_, fut in pending:
+                    fut.set_exception(e)
                 raise
-            for rnd in rounds:
-                for _, fut in rnd.values():
-                    fut.set_result(None)
+            for *_, fut in pending:
+                fut.set_result(None)
 
         if inline:
             self._drain()

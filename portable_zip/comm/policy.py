@@ -26,6 +26,9 @@ CODED = (torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn, torc
 PRIOR_RATIO = {torch.bfloat16: 0.67, torch.float16: 0.85, torch.float32: 0.84,
                torch.float8_e4m3fn: 0.78, torch.float8_e5m2: 0.70}
 _CACHE: Dict[tuple, "Calibration"] = {}
+# Host time of a compressed exchange beyond its latency rounds (Python, launches,
+# header reads), once and per wave: from PZ_TRACE timelines on H200 (bench/NOTES.md).
+HOST_EXCHANGE_S, HOST_WAVE_S = 150e-6, 50e-6
 
 
 @dataclass
@@ -61,6 +64,7 @@ class Policy:
         self.margin = 0.05 if m is None else m
         self.ratio = dict(PRIOR_RATIO)
         self.cal: Optional[Calibration] = None
+        self._decided: Dict[tuple, str] = {}
 
     # --- calibration -----------------------------------------------------
     def calibrate(self, tp: Transport, group) -> Calibration:
@@ -159,17 +163,21 @@ class Policy:
         r = self.ratio.get(dtype, 1.0)
         cc, cd = c.compress.get(dtype, 0.0), c.decompress.get(dtype, 0.0)
         w1 = max(world - 1, 1)
-        # Latency rounds of the compressed plans: control, fixed parts, tails
-        # (+ the spec swap that starts every collective).
-        p2p_rounds, coll_rounds = 3, 4
+        # Latency rounds of the compressed plans: p2p swaps control messages,
+        # collectives a spec (then derive the control messages); then fixed
+        # parts and tails. all_reduce's second phase needs no new spec.
+        p2p_rounds = coll_rounds = 3
+        second_phase_rounds = 2
 
         def piped(n, compress, wire, decompress, rounds):
             # Large transfers move as pieces: compress, wire and decompress
             # overlap, so the slowest stage sets the pace, plus one piece's
-            # worth of the other two to fill and drain the pipeline.
+            # worth of the other two to fill and drain the pipeline, plus the
+            # host's work per exchange and per wave (launches, header reads).
             piece = min(n, max(PIECE_MIN_BYTES, min(PIECE_MAX_BYTES, n // 8)))
             stages = (compress, wire, decompress)
-            return max(stages) + piece / max(n, 1) * (sum(stages) - max(stages)) + rounds * a
+            host = HOST_EXCHANGE_S + HOST_WAVE_S * max(1, -(-n // piece))
+            return max(stages) + piece / max(n, 1) * (sum(stages) - max(stages)) + rounds * a + host
 
         if op in ("send", "recv"):
             return a + nbytes * b, piped(nbytes, nbytes * cc, r * nbytes * b, nbytes * cd, p2p_rounds)
@@ -188,14 +196,23 @@ class Policy:
             return one_phase_native, one_phase_coded + nbytes * 1e-11
         if op == "all_reduce":
             na, nb = c.native.get("all_reduce", (2 * w1 * a, 2 * w1 * b / max(world, 1)))
-            return na + nbytes * nb, one_phase_coded + piped(s, s * cc, w1 * s * r * b, w1 * s * cd, p2p_rounds)
+            return na + nbytes * nb, one_phase_coded + piped(s, s * cc, w1 * s * r * b, w1 * s * cd,
+                                                             second_phase_rounds)
         raise ValueError(f"unknown op {op}")
 
     def choose(self, op: str, dtype: torch.dtype, nbytes: int, world: int) -> str:
-        if dtype not in CODED or nbytes == 0 or world == 1:
-            return "native"
-        native, coded = self.predict(op, dtype, nbytes, world)
-        return "compressed" if coded < native * (1 - self.margin) else "native"
+        key = (op, dtype, nbytes, world, id(self.cal), self.ratio.get(dtype), self.margin)
+        plan = self._decided.get(key)
+        if plan is None:  # cached: the decision is on every call's path
+            if dtype not in CODED or nbytes == 0 or world == 1:
+                plan = "native"
+            else:
+                native, coded = self.predict(op, dtype, nbytes, world)
+                plan = "compressed" if coded < native * (1 - self.margin) else "native"
+            if len(self._decided) > 4096:
+                self._decided.clear()
+            self._decided[key] = plan
+        return plan
 
     def observe(self, streams) -> None:
         """Update the running ratio from streams every rank saw alike."""

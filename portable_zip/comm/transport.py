@@ -5,6 +5,7 @@ methods."""
 from __future__ import annotations
 
 import datetime
+import os
 import time
 from typing import List, Protocol, Sequence, Tuple
 
@@ -42,6 +43,7 @@ class TorchDistTransport:
         self.rank = dist.get_rank(self.group)
         self.world = dist.get_world_size(self.group)
         self.name = f"torch.distributed/{self.backend}"
+        self._event_wait = os.environ.get("PZ_NCCL_WAIT", "poll") == "event"
         if self.backend == "nccl":
             self.device = torch.device("cuda", torch.cuda.current_device())
         else:
@@ -55,21 +57,28 @@ class TorchDistTransport:
     def connect(self, timeout: float) -> None:
         """Create every pairwise connection now, with all ranks present: NCCL
         builds p2p communicators lazily and that set-up blocks the host, so a
-        first send to a silent peer could otherwise hang past any timeout."""
+        first send to a silent peer could otherwise hang past any timeout.
+        Grouped transfers use the group's communicator; a lone isend/irecv
+        (cheaper to post) uses one per pair, set up pair by pair in one global
+        order so that no two ranks wait on each other."""
         if self.world == 1 or self.backend != "nccl":
             return
         one = torch.zeros(1, dtype=torch.uint8, device=self.device)
         bufs = {p: torch.empty_like(one) for p in range(self.world) if p != self.rank}
         self.wait(self.post([("send", one, p) for p in bufs] + [("recv", b, p) for p, b in bufs.items()]), timeout)
+        for p in sorted(bufs):
+            first, second = ("send", "recv") if self.rank < p else ("recv", "send")
+            for kind in (first, second):
+                self.wait(self.post([(kind, one if kind == "send" else bufs[p], p)]), timeout)
 
     def post(self, ops: Sequence[Op]) -> List[object]:
         ops = [(kind, t, peer) for kind, t, peer in ops if t.numel()]
         if not ops:
             return []
         try:
-            # A lone op skips the coalescing manager. Not on NCCL: there an
-            # unbatched op builds its own lazily created (host-blocking) communicator.
-            if len(ops) == 1 and self.backend != "nccl":
+            # A lone op skips the coalescing manager (on NCCL it runs on the
+            # pair's communicator, which connect() created).
+            if len(ops) == 1:
                 kind, t, peer = ops[0]
                 fn = dist.isend if kind == "send" else dist.irecv
                 return [fn(as_bytes(t), self.global_rank(peer), group=self.group)]
@@ -88,15 +97,25 @@ class TorchDistTransport:
                     continue
                 # NCCL: wait() only orders streams, so poll completion for the
                 # deadline: spin first (a sleep costs ~60 us, more than a small
-                # transfer), then back off.
+                # transfer), then back off. "event" mode orders the current
+                # stream after the work and polls a CUDA event of our own
+                # instead of the work's state.
+                if self._event_wait:
+                    w.wait()
+                    done = torch.cuda.Event()
+                    done.record()
+                    finished = done.query
+                else:
+                    finished = w.is_completed
                 spin_until = time.monotonic() + 0.005
-                while not w.is_completed():
+                while not finished():
                     now = time.monotonic()
                     if now > deadline:
                         raise PeerTimeout(f"{self.name}: a peer did not answer within {timeout:g} s")
                     if now > spin_until:
                         time.sleep(50e-6)
-                w.wait()
+                if not self._event_wait:
+                    w.wait()
             except PeerError:
                 raise
             except RuntimeError as e:

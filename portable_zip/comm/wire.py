@@ -1,25 +1,32 @@
 """The wire protocol: any set of pairwise transfers, compressed or raw, over a
 transport, in three rounds.
 
-1. Control: one int64[10] message each way per peer pair, naming what each
-   side sends (dtype, numel, plan) and what it expects. Both sides compare
-   both directions, so a mismatch raises the same clear error on both.
+1. Control: one int64[12] message each way per peer pair, naming how many
+   tensors each side sends and expects and the first of each (dtype, numel,
+   plan, piece size); a second message carries the rest when a pair moves
+   several. Both sides compare both directions, so a mismatch raises the
+   same clear error on both.
 2. Fixed-size parts: raw tensors whole; for compressed ones the raw planes
    (final as soon as the split is done) and the header region. Sizes follow
    from dtype and numel alone, so receivers post them without guessing.
 3. Variable-size parts: the coded tail of each stream, whose length the
    receiver read from the header it got in round 2.
 
-Large compressed transfers travel as pieces, one group per piece in rounds 2
-and 3, so compress, wire and decompress of successive pieces overlap.
+Large compressed tensors travel as pieces, and each direction's sequence of
+tensors and pieces is cut into waves of at least WAVE_BYTES: rounds 2 and 3
+run one group per wave, so compress, wire and decompress of successive waves
+overlap, and a batch of many small tensors costs three round trips, not three
+per tensor. A wave's pieces compress in one launch (compress_batch).
 
 Streams travel flattened (ndim 1), so their layout depends on dtype and numel only.
 """
 from __future__ import annotations
 
 import os
+import sys
+import time
 from dataclasses import dataclass, field
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import torch
 
@@ -30,10 +37,12 @@ from .transport import Transport
 
 PROTO = 0x505A4331  # "PZC1"
 WIRE_VERSION = 1 + (_C.format_version << 8)  # protocol 1 carrying stream format N
-PLAN_NONE, PLAN_RAW, PLAN_CODED = 0, 1, 2
+PLAN_RAW, PLAN_CODED = 1, 2
 PIECE_MIN_BYTES, PIECE_MAX_BYTES = 8 << 20, 64 << 20
 PIECE_ALIGN = 8192  # elements: whole fp8 pairs and whole 8-symbol vector chunks
-_PLAN_NAMES = {PLAN_NONE: "nothing", PLAN_RAW: "raw", PLAN_CODED: "compressed"}
+WAVE_BYTES = PIECE_MIN_BYTES
+CTRL_WORDS = 12
+_TRACE: list = [True] if os.environ.get("PZ_TRACE") else []
 
 
 @dataclass
@@ -73,182 +82,342 @@ def _pieces(flat: torch.Tensor, per: int) -> List[torch.Tensor]:
     return [flat[i: i + per] for i in range(0, flat.numel(), per)]
 
 
-class _SizeLater:
-    """A stream's total size, read back without waiting for later GPU work."""
+class _SizesLater:
+    """Streams' total sizes, read back in one copy without waiting for later GPU work."""
 
-    def __init__(self, buf: torch.Tensor):
-        self.buf = buf
-        if buf.is_cuda:
-            self.host = torch.empty(8, dtype=torch.uint8, pin_memory=True)
-            self.host.copy_(buf[8:16], non_blocking=True)
+    def __init__(self, bufs: List[torch.Tensor]):
+        self.bufs = bufs
+        if bufs and bufs[0].is_cuda:
+            self.host = torch.empty(8 * len(bufs), dtype=torch.uint8, pin_memory=True)
+            self.host.copy_(torch.cat([b[8:16] for b in bufs]), non_blocking=True)
             self.event = torch.cuda.Event()
             self.event.record()
 
-    def get(self) -> int:
-        if not self.buf.is_cuda:
-            return codec.compressed_size(self.buf)
+    def get(self) -> List[int]:
+        if not self.bufs or not self.bufs[0].is_cuda:
+            return [codec.compressed_size(b) for b in self.bufs]
         self.event.synchronize()
-        return int.from_bytes(self.host.numpy().tobytes(), "little")
+        return self.host.view(torch.int64).tolist()
 
 
-def exchange(tp: Transport, sends: Dict[int, torch.Tensor], recvs: Dict[int, torch.Tensor], coded: bool,
-             timeout: float) -> Result:
-    """Send sends[peer] to each peer and receive recvs[peer] from each, every
-    tensor contiguous on the transport's device. coded: compress what can be."""
+@dataclass
+class _Unit:
+    """One message of a direction's sequence: a whole raw tensor or one piece of a coded one."""
+    peer: int
+    t: torch.Tensor          # the piece: source (send) or destination (receive)
+    coded: bool
+    key: tuple = ()          # sends: (source tensor, piece index), compressed once for every peer
+    buf: Optional[torch.Tensor] = None   # the stream (send) or the receive buffer
+    lay: Optional[dict] = None
+    total: int = 0
+    head: Optional[tuple] = None         # receives: (header bytes, parsed header)
+
+
+def _units(peer: int, tensors: List[torch.Tensor], plans: List[int], pieces: List[int], keys=None) -> List[_Unit]:
+    out = []
+    for i, t in enumerate(tensors):
+        if plans[i] != PLAN_CODED:
+            out.append(_Unit(peer, t, False))
+            continue
+        for k, piece in enumerate(_pieces(t, pieces[i])):
+            out.append(_Unit(peer, piece, True, (keys[i], k) if keys else ()))
+    return out
+
+
+def _waves(units: List[_Unit]) -> List[List[_Unit]]:
+    """Consecutive units in groups of at least WAVE_BYTES. Both sides of a
+    direction derive the same waves from the control messages, and group w on
+    every rank holds wave w of each of its directions, so no group waits on a
+    later one anywhere (NCCL groups block until all their transfers are done)."""
+    waves, cur, n = [], [], 0
+    for u in units:
+        cur.append(u)
+        n += u.t.nbytes
+        if n >= WAVE_BYTES:
+            waves.append(cur)
+            cur, n = [], 0
+    return waves + ([cur] if cur else [])
+
+
+def _as_lists(d: Dict[int, object]) -> Dict[int, List[torch.Tensor]]:
+    out = {}
+    for p, v in d.items():
+        ts = [v] if isinstance(v, torch.Tensor) else list(v)
+        if ts:
+            out[p] = [t.reshape(-1) for t in ts]
+    return out
+
+
+def _spec_send(t, plan, piece):
+    return [code_of(t.dtype), t.numel(), plan, piece]
+
+
+def _spec_recv(t):
+    return [code_of(t.dtype), t.numel()]
+
+
+def exchange(tp: Transport, sends: Dict[int, object], recvs: Dict[int, object], coded: bool,
+             timeout: float, agreed: bool = False) -> Result:
+    """Send sends[peer] to each peer and receive recvs[peer] from each: one
+    tensor or a list (sent in order) per peer, every tensor contiguous on the
+    transport's device. coded: compress what can be. agreed: the ranks have
+    already checked dtypes, sizes and versions with each other (collectives
+    do), so each side derives the peer's control message and round 1 is skipped."""
     res = Result()
-    flat_sends = {p: t.reshape(-1) for p, t in sends.items()}
-    flat_recvs = {p: t.reshape(-1) for p, t in recvs.items()}
-    out_plan = {p: PLAN_CODED if coded and _layout(t)["coded"] else PLAN_RAW for p, t in flat_sends.items()}
-    out_piece = {p: piece_elems(t.numel(), t.element_size()) if out_plan[p] == PLAN_CODED else 0
-                 for p, t in flat_sends.items()}
-
-    # Round 1: control messages.
-    peers = sorted(set(flat_sends) | set(flat_recvs))
+    _mark(None)
+    sends, recvs = _as_lists(sends), _as_lists(recvs)
     dev = tp.device
-    mine, theirs = {}, {}
+
+    def plans_of(ts):
+        return [PLAN_CODED if coded and _layout(t)["coded"] else PLAN_RAW for t in ts]
+
+    def pieces_of(ts, plans):
+        return [piece_elems(t.numel(), t.element_size()) if pl == PLAN_CODED else 0 for t, pl in zip(ts, plans)]
+
+    out_plan = {p: plans_of(ts) for p, ts in sends.items()}
+    out_piece = {p: pieces_of(ts, out_plan[p]) for p, ts in sends.items()}
+
+    # Round 1: control messages (a second one when a peer pair moves more than one tensor).
+    peers = sorted(set(sends) | set(recvs))
+    mine = {}
     for p in peers:
-        s, r = flat_sends.get(p), flat_recvs.get(p)
-        mine[p] = torch.tensor([PROTO, WIRE_VERSION,
-                                s is not None, code_of(s.dtype) if s is not None else 0,
-                                s.numel() if s is not None else 0, out_plan.get(p, PLAN_NONE),
-                                r is not None, code_of(r.dtype) if r is not None else 0,
-                                r.numel() if r is not None else 0, out_piece.get(p, 0)],
-                               dtype=torch.int64, device=dev)
-        theirs[p] = torch.empty(10, dtype=torch.int64, device=dev)
-    ops = [("send", mine[p], p) for p in peers] + [("recv", theirs[p], p) for p in peers]
-    tp.wait(tp.post(ops), timeout)
-    ctrl = {p: theirs[p].tolist() for p in peers}
-    in_plan = _check_control(tp.rank, peers, {p: mine[p].tolist() for p in peers}, ctrl)
+        ss = [_spec_send(t, pl, pc) for t, pl, pc in zip(sends.get(p, []), out_plan.get(p, []), out_piece.get(p, []))]
+        rs = [_spec_recv(t) for t in recvs.get(p, [])]
+        mine[p] = (ss, rs)
+    if agreed:
+        in_plan = {p: plans_of(ts) for p, ts in recvs.items()}
+        in_piece = {p: pieces_of(ts, in_plan[p]) for p, ts in recvs.items()}
+    else:
+        theirs = _swap_control(tp, peers, mine, timeout)
+        _mark("control swapped")
+        in_plan, in_piece = _check_control(tp.rank, peers, mine, theirs)
 
-    # Pieces of every compressed transfer; each distinct tensor is compressed
-    # once, piece by piece, however many peers get it.
-    out_key = {p: (t.data_ptr(), t.numel(), t.dtype) for p, t in flat_sends.items() if out_plan[p] == PLAN_CODED}
-    src_pieces = {key: _pieces(flat_sends[p], out_piece[p]) for p, key in out_key.items()}
-    dst_pieces = {}
-    for p, out in flat_recvs.items():
-        if in_plan[p] == PLAN_CODED:
-            per = int(ctrl[p][9])
-            if per <= 0 or (per < out.numel() and per % 2):
-                raise PeerError(f"rank {p} announced an invalid piece size {per}")
-            dst_pieces[p] = _pieces(out, per)
-    rounds = max([len(v) for v in src_pieces.values()] + [len(v) for v in dst_pieces.values()] + [1])
+    # Each direction's message sequence, cut into waves.
+    keys = {p: [(t.data_ptr(), t.numel(), t.dtype) for t in ts] for p, ts in sends.items()}
+    out_units = {p: _units(p, ts, out_plan[p], out_piece[p], keys[p]) for p, ts in sends.items()}
+    in_units = {p: _units(p, ts, in_plan[p], in_piece[p]) for p, ts in recvs.items()}
+    out_waves = {p: _waves(u) for p, u in out_units.items()}
+    in_waves = {p: _waves(u) for p, u in in_units.items()}
+    nwaves = max([len(w) for w in out_waves.values()] + [len(w) for w in in_waves.values()] + [1])
+    for p, ts in sends.items():
+        res.raw_bytes += sum(t.nbytes for t in ts)
 
-    # Round 2, one group per piece: raw tensors (first group), then each
-    # piece's raw planes and header region, posted right after its compress
-    # is launched so the transfer of piece k overlaps the compress of k+1.
-    bufs: Dict[tuple, List[tuple]] = {key: [] for key in src_pieces}
-    sbufs: Dict[int, List[tuple]] = {p: [] for p in dst_pieces}
-    fixed = []
-    for k in range(rounds):
+    # Round 2, one group per wave: raw tensors, and each coded piece's raw
+    # planes and header region, posted right after the wave's compress is
+    # launched, so the wire moves wave w while wave w+1 compresses.
+    streams: Dict[tuple, torch.Tensor] = {}
+    sources = {key: t for p in out_units for key, t in
+               ((u.key, u.t) for u in out_units[p] if u.coded)}
+    sizes, fixed = [], []
+    for w in range(nwaves):
         ops = []
-        if k == 0:
-            for p, t in flat_sends.items():
-                res.raw_bytes += t.nbytes
-                if out_plan[p] == PLAN_RAW:
-                    ops.append(("send", t, p))
-                    res.wire_bytes += t.nbytes
-            ops += [("recv", out, p) for p, out in flat_recvs.items() if in_plan[p] == PLAN_RAW]
-        for key, pieces in src_pieces.items():
-            if k < len(pieces):
-                buf = codec._compress_padded(pieces[k])
-                bufs[key].append((buf, _layout(pieces[k]), _SizeLater(buf)))
-        for p, key in out_key.items():
-            if k < len(bufs[key]):
-                buf, lay, _ = bufs[key][k]
-                ops += [("send", buf[lay["raw_begin"]: lay["raw_end"]], p), ("send", buf[: lay["raw_begin"]], p)]
-        for p, pieces in dst_pieces.items():
-            if k < len(pieces):
-                lay = _layout(pieces[k])
-                sbuf = torch.empty(lay["max_total"], dtype=torch.uint8, device=dev)
-                sbufs[p].append((sbuf, lay))
-                ops += [("recv", sbuf[lay["raw_begin"]: lay["raw_end"]], p), ("recv", sbuf[: lay["raw_begin"]], p)]
+        wave_out = [u for p in out_waves if w < len(out_waves[p]) for u in out_waves[p][w]]
+        new = list(dict.fromkeys(u.key for u in wave_out if u.coded and u.key not in streams))
+        bufs = codec.compress_batch([sources[k] for k in new], trim=False) if new else []
+        _mark(f"wave {w} compress launched")
+        streams.update(zip(new, bufs))
+        sizes.append((new, _SizesLater(bufs)))
+        for u in wave_out:
+            if u.coded:
+                u.buf, u.lay = streams[u.key], _layout(u.t)
+                ops += [("send", u.buf[u.lay["raw_begin"]: u.lay["raw_end"]], u.peer),
+                        ("send", u.buf[: u.lay["raw_begin"]], u.peer)]
+            else:
+                ops.append(("send", u.t, u.peer))
+                res.wire_bytes += u.t.nbytes
+        wave_in = [u for p in in_waves if w < len(in_waves[p]) for u in in_waves[p][w]]
+        _receive_buffers([u for u in wave_in if u.coded], dev)
+        for u in wave_in:
+            if u.coded:
+                ops += [("recv", u.buf[u.lay["raw_begin"]: u.lay["raw_end"]], u.peer),
+                        ("recv", u.buf[: u.lay["raw_begin"]], u.peer)]
+            else:
+                ops.append(("recv", u.t, u.peer))
         fixed.append(tp.post(ops))
+        _mark(f"wave {w} fixed posted")
 
-    # Round 3, one group per piece: coded tails, sized by the headers.
-    tails, totals, heads = [], {}, {}
-    for k in range(rounds):
-        tp.wait(fixed[k], timeout)
+    # Round 3, one group per wave: coded tails, sized by the headers.
+    totals: Dict[tuple, int] = {}
+    tails = []
+    for w in range(nwaves):
+        tp.wait(fixed[w], timeout)
+        _mark(f"wave {w} fixed done")
+        new, later = sizes[w]
+        got_sizes = later.get()
+        _mark(f"wave {w} sizes read")
+        for key, total in zip(new, got_sizes):
+            totals[key] = total
+            res.streams.append((key[0][2], sources[key].numel(), total))
         ops = []
-        for key, entries in bufs.items():
-            if k < len(entries):
-                totals[(key, k)] = entries[k][2].get()
-                res.streams.append((key[2], src_pieces[key][k].numel(), totals[(key, k)]))
-        for p, key in out_key.items():
-            if k < len(bufs[key]):
-                buf, lay, _ = bufs[key][k]
-                ops.append(("send", buf[lay["raw_end"]: totals[(key, k)]], p))
-                res.wire_bytes += totals[(key, k)]
-        for p, entries in sbufs.items():
-            if k < len(entries):
-                sbuf, lay = entries[k]
-                piece = dst_pieces[p][k]
-                try:
-                    head, info = _head_info(sbuf, lay)
-                except codec.FormatError as e:
-                    raise PeerError(f"rank {p} sent an unreadable stream header: {e}") from e
-                if info["dtype"] != code_of(piece.dtype) or info["numel"] != piece.numel():
-                    raise PeerError(f"rank {p} sent a stream of {_describe(info['dtype'], info['numel'])} where "
-                                    f"{_describe(code_of(piece.dtype), piece.numel())} was announced")
-                totals[(p, k)] = info["total_bytes"]
-                heads[(p, k)] = head, info
-                ops.append(("recv", sbuf[lay["raw_end"]: info["total_bytes"]], p))
-                res.streams.append((piece.dtype, piece.numel(), info["total_bytes"]))
+        for p in out_waves:
+            for u in (out_waves[p][w] if w < len(out_waves[p]) else []):
+                if u.coded:
+                    u.total = totals[u.key]
+                    ops.append(("send", u.buf[u.lay["raw_end"]: u.total], u.peer))
+                    res.wire_bytes += u.total
+        wave_in = [u for p in in_waves if w < len(in_waves[p]) for u in in_waves[p][w] if u.coded]
+        for u in _read_headers(wave_in):
+            ops.append(("recv", u.buf[u.lay["raw_end"]: u.total], u.peer))
+            res.streams.append((u.t.dtype, u.t.numel(), u.total))
         tails.append(tp.post(ops))
+        _mark(f"wave {w} tails posted")
 
-    # Decode piece k as soon as its tail is in; later tails keep arriving.
+    # Decode each wave as soon as its tails are in; later tails keep arriving.
     # GPU decodes queue without a host sync and check one error word at the end.
-    err = torch.zeros(1, dtype=torch.int32, device=dev) if dev.type == "cuda" and sbufs else None
-    for k in range(rounds):
-        tp.wait(tails[k], timeout)
-        for p, entries in sbufs.items():
-            if k < len(entries):
-                stream = entries[k][0][: totals[(p, k)]]
+    err = torch.zeros(1, dtype=torch.int32, device=dev) if dev.type == "cuda" and in_units else None
+    for w in range(nwaves):
+        tp.wait(tails[w], timeout)
+        _mark(f"wave {w} tails done")
+        for p in in_waves:
+            for u in (in_waves[p][w] if w < len(in_waves[p]) else []):
+                if not u.coded:
+                    continue
+                stream = u.buf[: u.total]
                 if err is None:
                     try:
-                        codec.decompress(stream, out=dst_pieces[p][k])
+                        codec.decompress(stream, out=u.t)
                     except codec.FormatError as e:
                         raise PeerError(f"rank {p} sent a corrupt stream: {e}") from e
                 else:
-                    codec._decode_gpu(stream, *heads[(p, k)], dst_pieces[p][k], err)
+                    codec._decode_gpu(stream, *u.head, u.t, err)
     if err is not None:
         bits = int(err.item())
+        _mark("decoded")
         if bits:
             raise PeerError(f"a peer sent a corrupt stream: {_C.decode_error_text(bits)}")
+    _mark("end", tp.rank)
     return res
 
 
-def _head_info(sbuf: torch.Tensor, lay: dict) -> tuple:
-    head = bytes(sbuf[: lay["raw_begin"]].cpu().numpy().tobytes())
-    return head, _C.parse_header(head, lay["max_total"])
+def _mark(what: Optional[str], rank: int = -1) -> None:
+    """PZ_TRACE=1: print each exchange's host timeline (µs since its start) to stderr."""
+    if not _TRACE:
+        return
+    now = time.perf_counter()
+    if what is None:
+        _TRACE[:] = [True, now]
+        return
+    _TRACE.append(f"{what} {1e6 * (now - _TRACE[1]):.0f}")
+    if what == "end":
+        print(f"[pz trace rank {rank}] " + " | ".join(_TRACE[2:]), file=sys.stderr, flush=True)
 
 
-def _check_control(rank: int, peers: List[int], mine: Dict[int, list], theirs: Dict[int, list]) -> Dict[int, int]:
-    """Both sides run this on the same pair of messages, so both raise alike."""
-    problems, plans = [], {}
+def _receive_buffers(units: List[_Unit], dev: torch.device) -> None:
+    """One allocation for a wave's incoming streams, each 16-byte aligned (the decoder's need)."""
+    if not units:
+        return
+    caps = []
+    for u in units:
+        u.lay = _layout(u.t)
+        caps.append(-(-u.lay["max_total"] // 16) * 16)
+    flat = torch.empty(sum(caps), dtype=torch.uint8, device=dev)
+    at = 0
+    for u, cap in zip(units, caps):
+        u.buf = flat[at: at + u.lay["max_total"]]
+        at += cap
+
+
+def _read_headers(units: List[_Unit]) -> List[_Unit]:
+    """Parse the header regions of a wave's incoming streams (one device-to-host
+    copy); a header that is unreadable or disagrees with the control message raises."""
+    if not units:
+        return units
+    heads = torch.cat([u.buf[: u.lay["raw_begin"]] for u in units]).cpu().numpy().tobytes()
+    at = 0
+    for u in units:
+        head = heads[at: at + u.lay["raw_begin"]]
+        at += u.lay["raw_begin"]
+        try:
+            info = _C.parse_header(head, u.lay["max_total"])
+        except codec.FormatError as e:
+            raise PeerError(f"rank {u.peer} sent an unreadable stream header: {e}") from e
+        if info["dtype"] != code_of(u.t.dtype) or info["numel"] != u.t.numel():
+            raise PeerError(f"rank {u.peer} sent a stream of {_describe(info['dtype'], info['numel'])} where "
+                            f"{_describe(code_of(u.t.dtype), u.t.numel())} was announced")
+        u.head, u.total = (head, info), info["total_bytes"]
+    return units
+
+
+def _swap_control(tp: Transport, peers: List[int], mine: Dict[int, tuple], timeout: float) -> Dict[int, tuple]:
+    """Swap (send specs, receive specs) with each peer: a fixed first message
+    with the counts and the first spec each way, then the rest where a pair
+    agreed on counts above one. Returns the peers' (first message, send specs, receive specs)."""
+    dev = tp.device
+
+    def first(ss, rs):
+        return [PROTO, WIRE_VERSION, len(ss), len(rs), *(ss[0] if ss else [0] * 4), *(rs[0] if rs else [0] * 2), 0, 0]
+
+    out = {p: torch.tensor(first(*mine[p]), dtype=torch.int64, device=dev) for p in peers}
+    got = {p: torch.empty(CTRL_WORDS, dtype=torch.int64, device=dev) for p in peers}
+    tp.wait(tp.post([("send", out[p], p) for p in peers] + [("recv", got[p], p) for p in peers]), timeout)
+    msg1 = {p: got[p].tolist() for p in peers}
+    rest_out, rest_in = {}, {}
     for p in peers:
-        m, t = mine[p], theirs[p]
-        if t[0] != PROTO:
+        ss, rs = mine[p]
+        m = msg1[p]
+        if m[0] != PROTO or m[1] != WIRE_VERSION or (m[2], m[3]) != (len(rs), len(ss)) or max(m[2], m[3]) <= 1:
+            continue  # nothing more to swap (a mismatch is reported from the first messages)
+        rest_out[p] = torch.tensor([v for s in ss[1:] for v in s] + [v for r in rs[1:] for v in r] or [0],
+                                   dtype=torch.int64, device=dev)
+        rest_in[p] = torch.empty(max(4 * max(m[2] - 1, 0) + 2 * max(m[3] - 1, 0), 1), dtype=torch.int64, device=dev)
+    if rest_out:
+        tp.wait(tp.post([("send", t, p) for p, t in rest_out.items()] + [("recv", t, p) for p, t in rest_in.items()]),
+                timeout)
+    theirs = {}
+    for p in peers:
+        m = msg1[p]
+        ss = [m[4:8]] if m[2] else []
+        rs = [m[8:10]] if m[3] else []
+        if p in rest_in:
+            v = rest_in[p].tolist()
+            ns = max(m[2] - 1, 0)
+            ss += [v[4 * i: 4 * i + 4] for i in range(ns)]
+            rs += [v[4 * ns + 2 * i: 4 * ns + 2 * i + 2] for i in range(m[3] - 1)]
+        theirs[p] = (m, ss, rs)
+    return theirs
+
+
+def _check_control(rank: int, peers: List[int], mine: Dict[int, tuple], theirs: Dict[int, tuple]) -> tuple:
+    """Both sides run this on the same pair of messages, so both raise alike.
+    Returns the peers' plans and piece sizes for what this rank receives."""
+    problems, plans, pieces = [], {}, {}
+    for p in peers:
+        (my_ss, my_rs), (m, ss, rs) = mine[p], theirs[p]
+        if m[0] != PROTO:
             raise PeerError(f"rank {p} sent a garbled control message (not a portable_zip peer?)")
-        if t[1] != WIRE_VERSION:
-            problems.append(f"version mismatch with rank {p}: it speaks wire/format version {t[1] & 0xFF}/{t[1] >> 8}, "
+        if m[1] != WIRE_VERSION:
+            problems.append(f"version mismatch with rank {p}: it speaks wire/format version {m[1] & 0xFF}/{m[1] >> 8}, "
                             f"this rank {WIRE_VERSION & 0xFF}/{WIRE_VERSION >> 8}")
             continue
-        # Their send vs my receive, then my send vs their receive.
-        for sender, receiver, snd, rcv in ((p, rank, t[2:6], m[6:9]), (rank, p, m[2:6], t[6:9])):
-            if not snd[0] and not rcv[0]:
+        # Their sends against my receives, then my sends against theirs.
+        # (Only first specs travel when counts differ: both sides see the same.)
+        for sender, receiver, snd, rcv, n_snd, n_rcv in ((p, rank, ss, my_rs, m[2], len(my_rs)),
+                                                         (rank, p, my_ss, rs, len(my_ss), m[3])):
+            if n_snd != n_rcv:
+                problems.append(_count_problem(sender, receiver, n_snd, n_rcv, snd, rcv))
                 continue
-            if snd[0] != rcv[0]:
-                who, what = (sender, "sends") if snd[0] else (receiver, "expects")
-                problems.append(f"rank {who} {what} {_describe(*(snd[1:3] if snd[0] else rcv[1:3]))} "
-                                f"but rank {receiver if snd[0] else sender} has no matching "
-                                f"{'receive' if snd[0] else 'send'}")
-            elif (snd[1], snd[2]) != (rcv[1], rcv[2]):
-                problems.append(f"size/dtype mismatch: rank {sender} sends {_describe(snd[1], snd[2])}, "
-                                f"rank {receiver} expects {_describe(rcv[1], rcv[2])}")
-        if t[2]:
-            plans[p] = int(t[5])
-            if plans[p] not in (PLAN_RAW, PLAN_CODED):
-                raise PeerError(f"rank {p} announced an unknown plan {plans[p]}")
+            for i, (a, b) in enumerate(zip(snd, rcv)):
+                if (a[0], a[1]) != (b[0], b[1]):
+                    what = f"tensor {i}: " if n_snd > 1 else ""
+                    problems.append(f"size/dtype mismatch: {what}rank {sender} sends {_describe(a[0], a[1])}, "
+                                    f"rank {receiver} expects {_describe(b[0], b[1])}")
+        if problems:
+            continue
+        plans[p] = [int(s[2]) for s in ss]
+        pieces[p] = [int(s[3]) for s in ss]
+        for s in ss:
+            if s[2] not in (PLAN_RAW, PLAN_CODED):
+                raise PeerError(f"rank {p} announced an unknown plan {s[2]}")
+            if s[2] == PLAN_CODED and (s[3] <= 0 or (s[3] < s[1] and s[3] % 2)):
+                raise PeerError(f"rank {p} announced an invalid piece size {s[3]}")
     if problems:
         raise MismatchError("; ".join(problems))
-    return plans
+    return plans, pieces
+
+
+def _count_problem(sender, receiver, n_snd, n_rcv, snd, rcv) -> str:
+    if n_snd == 1 and n_rcv == 0:
+        return f"rank {sender} sends {_describe(*snd[0][:2])} but rank {receiver} has no matching receive"
+    if n_snd == 0 and n_rcv == 1:
+        return f"rank {receiver} expects {_describe(*rcv[0][:2])} but rank {sender} has no matching send"
+    return f"rank {sender} sends {n_snd} tensors but rank {receiver} expects {n_rcv}"
