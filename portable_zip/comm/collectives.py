@@ -33,8 +33,11 @@ class ReduceOp(enum.Enum):
             raise ValueError(f"unsupported reduction op {op!r}: use SUM, AVG, MIN or MAX") from None
 
     def native(self):
-        return {ReduceOp.SUM: dist.ReduceOp.SUM, ReduceOp.AVG: dist.ReduceOp.AVG,
-                ReduceOp.MIN: dist.ReduceOp.MIN, ReduceOp.MAX: dist.ReduceOp.MAX}[self]
+        return _NATIVE_OPS[self]
+
+
+_NATIVE_OPS = {ReduceOp.SUM: dist.ReduceOp.SUM, ReduceOp.AVG: dist.ReduceOp.AVG,
+               ReduceOp.MIN: dist.ReduceOp.MIN, ReduceOp.MAX: dist.ReduceOp.MAX}
 
 
 def even_bounds(numel: int, parts: int) -> List[tuple]:

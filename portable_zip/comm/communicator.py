@@ -209,6 +209,13 @@ class Communicator:
             return f"dtype {str(CODE_TO_DTYPE.get(v, v)).replace('torch.', '')}"
         return f"{names[min(k, 2)]} {v}"
 
+    def _native_now(self, op: str, t: torch.Tensor, async_op: bool) -> bool:
+        """A blocking op that runs native with no host wait (NCCL, nothing
+        queued): the caller makes the one torch.distributed call and returns,
+        so auto adds only this check to what torch costs."""
+        return (not async_op and self._stream_native and not self._pending and not self._outstanding
+                and self._plan(op, t.dtype, t.nbytes) == "native")
+
     def _native_done(self, op: str, t0: float, works, sent: int, calls: int = 1) -> None:
         """Finish a native op the way torch.distributed does and record it: on
         NCCL, order the current stream after it and return (no host wait, so
@@ -330,6 +337,11 @@ class Communicator:
         self._check(t, "broadcast tensor")
         if not 0 <= src < self.world:
             raise ValueError(f"src {src} is not a rank of this group (size {self.world})")
+        if self._native_now("broadcast", t, async_op):
+            t0 = time.perf_counter()
+            dist.broadcast(as_bytes(t), self.tp.global_rank(src), group=self.group)
+            return self._record("broadcast", "native", t0, t.nbytes * (self.world - 1) if self.rank == src else 0,
+                                t.nbytes * (self.world - 1) if self.rank == src else 0)
 
         def run():
             t0, plan = time.perf_counter(), self._plan("broadcast", t.dtype, t.nbytes)
@@ -348,6 +360,10 @@ class Communicator:
         if out.dtype != inp.dtype or out.numel() != self.world * inp.numel():
             raise ValueError(f"all_gather output must be {inp.dtype} with world_size * input numel = "
                              f"{self.world * inp.numel()} elements, got {out.dtype} with {out.numel()}")
+        if self._native_now("all_gather", inp, async_op):
+            t0 = time.perf_counter()
+            coll.all_gather_native(as_bytes(out), as_bytes(inp), group=self.group)
+            return self._record("all_gather", "native", t0, inp.nbytes * (self.world - 1), inp.nbytes * (self.world - 1))
 
         def run():
             t0, plan = time.perf_counter(), self._plan("all_gather", inp.dtype, inp.nbytes)
@@ -386,6 +402,11 @@ class Communicator:
     def all_reduce(self, t: torch.Tensor, op=ReduceOp.SUM, async_op: bool = False):
         op = ReduceOp.of(op)
         self._check(t, "all_reduce tensor", reduce=True)
+        if self._native_now("all_reduce", t, async_op):
+            t0 = time.perf_counter()
+            dist.all_reduce(t, op=op.native(), group=self.group)
+            sent = 2 * t.nbytes * (self.world - 1) // self.world
+            return self._record("all_reduce", "native", t0, sent, sent)
 
         def run():
             t0, plan = time.perf_counter(), self._plan("all_reduce", t.dtype, t.nbytes)

@@ -20,15 +20,16 @@ import torch.distributed as dist
 
 from .. import codec
 from .transport import Transport
-from .wire import PIECE_MAX_BYTES, PIECE_MIN_BYTES
+from .wire import piece_bytes
 
 CODED = (torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn, torch.float8_e5m2)
 PRIOR_RATIO = {torch.bfloat16: 0.67, torch.float16: 0.85, torch.float32: 0.84,
                torch.float8_e4m3fn: 0.78, torch.float8_e5m2: 0.70}
 _CACHE: Dict[tuple, "Calibration"] = {}
+_NATIVE_MEASURED = ("send", "all_gather", "all_reduce")
 # Host time of a compressed exchange beyond its latency rounds (Python, launches,
 # header reads), once and per wave: from PZ_TRACE timelines on H200 (bench/NOTES.md).
-HOST_EXCHANGE_S, HOST_WAVE_S = 150e-6, 50e-6
+HOST_EXCHANGE_S, HOST_WAVE_S = 600e-6, 200e-6
 
 
 @dataclass
@@ -73,10 +74,11 @@ class Policy:
             self.cal = _CACHE[key]
             return self.cal
         alpha, beta = self._measure_link(tp)
-        native = {op: self._measure_native(op, tp, group) for op in ("all_gather", "all_reduce")}
+        native = {op: self._measure_native(op, tp, group) for op in _NATIVE_MEASURED}
         if self.link_gbps:
             beta = 1e-9 / self.link_gbps
-            native = {"all_gather": (native["all_gather"][0], beta * max(tp.world - 1, 1)),
+            native = {"send": (native["send"][0], beta),
+                      "all_gather": (native["all_gather"][0], beta * max(tp.world - 1, 1)),
                       "all_reduce": (native["all_reduce"][0], beta * 2 * max(tp.world - 1, 1) / max(tp.world, 1))}
         if self.latency_us is not None:
             alpha = self.latency_us * 1e-6
@@ -88,15 +90,16 @@ class Policy:
                 comp[dt], decomp[dt] = self._measure_codec(dt, tp.device)
         # Agree on the slowest rank's figures so every rank decides alike.
         vec = torch.tensor([alpha, beta] + [comp[d] for d in CODED] + [decomp[d] for d in CODED]
-                           + list(native["all_gather"]) + list(native["all_reduce"]),
+                           + [v for op in _NATIVE_MEASURED for v in native[op]],
                            dtype=torch.float64, device=tp.device)
         if tp.world > 1:
             dist.all_reduce(vec, op=dist.ReduceOp.MAX, group=group)
         v = vec.tolist()
         n = len(CODED)
         source = "overridden" if (self.link_gbps and self.codec_gbps) else "measured"
-        self.cal = Calibration(v[0], v[1], dict(zip(CODED, v[2:2 + n])), dict(zip(CODED, v[2 + n:2 + 2 * n])), source,
-                               {"all_gather": tuple(v[2 + 2 * n:4 + 2 * n]), "all_reduce": tuple(v[4 + 2 * n:6 + 2 * n])})
+        at = 2 + 2 * n
+        self.cal = Calibration(v[0], v[1], dict(zip(CODED, v[2:2 + n])), dict(zip(CODED, v[2 + n:at])), source,
+                               {op: tuple(v[at + 2 * i: at + 2 * i + 2]) for i, op in enumerate(_NATIVE_MEASURED)})
         _CACHE[key] = self.cal
         return self.cal
 
@@ -124,6 +127,12 @@ class Policy:
 
         def collective(size):
             t = torch.zeros(size // 2, dtype=torch.bfloat16, device=tp.device)
+            if op == "send":  # one way, in pairs (0 -> 1, 2 -> 3, ...): what a p2p send sees
+                peer = tp.rank ^ 1
+                if peer >= tp.world:
+                    return lambda: None
+                kind = "send" if tp.rank % 2 == 0 else "recv"
+                return lambda: tp.wait(tp.post([(kind, t, peer)]), 60.0)
             out = torch.empty(tp.world * t.numel(), dtype=t.dtype, device=tp.device)
             run = (lambda: all_gather_native(out, t, group=group)) if op == "all_gather" else \
                 (lambda: dist.all_reduce(t, group=group))
@@ -135,7 +144,7 @@ class Policy:
     @staticmethod
     def _measure_codec(dtype: torch.dtype, device: torch.device):
         # One pipeline piece's worth on GPU: the cost a transfer pays per piece.
-        nbytes = PIECE_MAX_BYTES if device.type == "cuda" else (1 << 20)
+        nbytes = (64 << 20) if device.type == "cuda" else (1 << 20)
         n = nbytes // torch.empty(0, dtype=dtype).element_size()
         g = torch.Generator(device="cpu").manual_seed(0)
         t = (torch.randn(n, generator=g) * 0.02).to(dtype).to(device)
@@ -174,13 +183,14 @@ class Policy:
             # overlap, so the slowest stage sets the pace, plus one piece's
             # worth of the other two to fill and drain the pipeline, plus the
             # host's work per exchange and per wave (launches, header reads).
-            piece = min(n, max(PIECE_MIN_BYTES, min(PIECE_MAX_BYTES, n // 8)))
+            piece = max(piece_bytes(int(n)), 1)
             stages = (compress, wire, decompress)
             host = HOST_EXCHANGE_S + HOST_WAVE_S * max(1, -(-n // piece))
             return max(stages) + piece / max(n, 1) * (sum(stages) - max(stages)) + rounds * a + host
 
         if op in ("send", "recv"):
-            return a + nbytes * b, piped(nbytes, nbytes * cc, r * nbytes * b, nbytes * cd, p2p_rounds)
+            na, nb = c.native.get("send", (a, b))
+            return na + nbytes * nb, piped(nbytes, nbytes * cc, r * nbytes * nb, nbytes * cd, p2p_rounds)
         if op == "broadcast":
             return (a * w1.bit_length() + nbytes * b,
                     piped(nbytes, nbytes * cc, w1 * r * nbytes * b, nbytes * cd, coll_rounds))

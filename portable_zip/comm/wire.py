@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
@@ -38,9 +39,9 @@ from .transport import Transport
 PROTO = 0x505A4331  # "PZC1"
 WIRE_VERSION = 1 + (_C.format_version << 8)  # protocol 1 carrying stream format N
 PLAN_RAW, PLAN_CODED = 1, 2
-PIECE_MIN_BYTES, PIECE_MAX_BYTES = 8 << 20, 64 << 20
+PIECE_MIN_BYTES, PIECE_MAX_BYTES = 16 << 20, 128 << 20
 PIECE_ALIGN = 8192  # elements: whole fp8 pairs and whole 8-symbol vector chunks
-WAVE_BYTES = PIECE_MIN_BYTES
+WAVE_BYTES = 32 << 20  # each wave costs ~0.2-0.5 ms of host work (PZ_TRACE): few, large waves
 CTRL_WORDS = 12
 _TRACE: list = [True] if os.environ.get("PZ_TRACE") else []
 
@@ -63,18 +64,21 @@ def _describe(dtype_code: int, numel: int) -> str:
     return f"{name}[{numel}]"
 
 
+def piece_bytes(nbytes: int) -> int:
+    """Bytes per pipelined piece of a compressed transfer of nbytes: large
+    transfers are cut so compressing piece k+1 overlaps sending piece k (and
+    decompressing overlaps receiving); few pieces, as each costs host work."""
+    if nbytes <= 2 * PIECE_MIN_BYTES:
+        return nbytes
+    return min(PIECE_MAX_BYTES, max(PIECE_MIN_BYTES, nbytes // 4))
+
+
 def piece_elems(numel: int, itemsize: int) -> int:
-    """Elements per pipelined piece of a compressed transfer: large transfers
-    are cut so compressing piece k+1 overlaps sending piece k (and
-    decompressing overlaps receiving). The sender announces it."""
-    nbytes = numel * itemsize
+    """Elements per piece (piece_bytes, or PZ_PIECE_BYTES); the sender announces it."""
     override = os.environ.get("PZ_PIECE_BYTES")
-    if override:
-        target = int(override)
-    elif nbytes <= 2 * PIECE_MIN_BYTES:
+    if not override and numel * itemsize <= 2 * PIECE_MIN_BYTES:
         return max(numel, 1)
-    else:
-        target = min(PIECE_MAX_BYTES, max(PIECE_MIN_BYTES, nbytes // 8))
+    target = int(override) if override else piece_bytes(numel * itemsize)
     return max(target // itemsize // PIECE_ALIGN * PIECE_ALIGN, PIECE_ALIGN)  # even: fp8 pairs stay whole
 
 
@@ -82,14 +86,28 @@ def _pieces(flat: torch.Tensor, per: int) -> List[torch.Tensor]:
     return [flat[i: i + per] for i in range(0, flat.numel(), per)]
 
 
+_pinned = threading.local()
+
+
+def _host_slots(nbytes: int) -> torch.Tensor:
+    """This thread's pinned buffer for size read-backs, grown as needed: a pinned
+    allocation per wave costs more than the wave's other host work. Exchanges on
+    one thread run one at a time and read every slot before they return."""
+    buf = getattr(_pinned, "buf", None)
+    if buf is None or buf.numel() < nbytes:
+        buf = _pinned.buf = torch.empty(max(nbytes, 1 << 16), dtype=torch.uint8, pin_memory=True)
+    return buf
+
+
 class _SizesLater:
     """Streams' total sizes, read back in one copy without waiting for later GPU work."""
 
-    def __init__(self, bufs: List[torch.Tensor]):
+    def __init__(self, bufs: List[torch.Tensor], host: Optional[torch.Tensor] = None):
         self.bufs = bufs
         if bufs and bufs[0].is_cuda:
-            self.host = torch.empty(8 * len(bufs), dtype=torch.uint8, pin_memory=True)
-            self.host.copy_(torch.cat([b[8:16] for b in bufs]), non_blocking=True)
+            self.host = host[: 8 * len(bufs)]
+            src = bufs[0][8:16] if len(bufs) == 1 else torch.cat([b[8:16] for b in bufs])
+            self.host.copy_(src, non_blocking=True)
             self.event = torch.cuda.Event()
             self.event.record()
 
@@ -209,14 +227,20 @@ def exchange(tp: Transport, sends: Dict[int, object], recvs: Dict[int, object], 
     sources = {key: t for p in out_units for key, t in
                ((u.key, u.t) for u in out_units[p] if u.coded)}
     sizes, fixed = [], []
+    n_streams = 0
+    slots = _host_slots(8 * len(sources)) if dev.type == "cuda" and sources else None
     for w in range(nwaves):
         ops = []
         wave_out = [u for p in out_waves if w < len(out_waves[p]) for u in out_waves[p][w]]
         new = list(dict.fromkeys(u.key for u in wave_out if u.coded and u.key not in streams))
-        bufs = codec.compress_batch([sources[k] for k in new], trim=False) if new else []
+        if len(new) == 1:
+            bufs = [codec._compress_padded(sources[new[0]])]
+        else:
+            bufs = codec.compress_batch([sources[k] for k in new], trim=False) if new else []
         _mark(f"wave {w} compress launched")
         streams.update(zip(new, bufs))
-        sizes.append((new, _SizesLater(bufs)))
+        sizes.append((new, _SizesLater(bufs, slots[8 * n_streams:] if slots is not None else None)))
+        n_streams += len(new)
         for u in wave_out:
             if u.coded:
                 u.buf, u.lay = streams[u.key], _layout(u.t)
