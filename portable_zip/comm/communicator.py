@@ -16,7 +16,7 @@ from . import collectives as coll
 from .collectives import ReduceOp
 from .errors import MismatchError, PeerError
 from .policy import CODED, Policy
-from .transport import TorchDistTransport, as_bytes
+from .transport import TorchDistTransport, movable
 from .wire import PROTO, WIRE_VERSION
 
 _OPS = ["send", "recv", "broadcast", "all_gather", "reduce_scatter", "all_reduce", "all_to_all"]
@@ -209,6 +209,10 @@ class Communicator:
             return f"dtype {str(CODE_TO_DTYPE.get(v, v)).replace('torch.', '')}"
         return f"{names[min(k, 2)]} {v}"
 
+    def _bytes(self, *ts: torch.Tensor) -> list:
+        """What the native op moves: each tensor, or its uint8 view where the backend lacks the dtype."""
+        return [movable(t, self.tp.backend) for t in ts]
+
     def _native_now(self, op: str, t: torch.Tensor, async_op: bool) -> bool:
         """A blocking op that runs native with no host wait (NCCL, nothing
         queued): the caller makes the one torch.distributed call and returns,
@@ -339,14 +343,14 @@ class Communicator:
             raise ValueError(f"src {src} is not a rank of this group (size {self.world})")
         if self._native_now("broadcast", t, async_op):
             t0 = time.perf_counter()
-            dist.broadcast(as_bytes(t), self.tp.global_rank(src), group=self.group)
+            dist.broadcast(*self._bytes(t), self.tp.global_rank(src), group=self.group)
             return self._record("broadcast", "native", t0, t.nbytes * (self.world - 1) if self.rank == src else 0,
                                 t.nbytes * (self.world - 1) if self.rank == src else 0)
 
         def run():
             t0, plan = time.perf_counter(), self._plan("broadcast", t.dtype, t.nbytes)
             if plan == "native":
-                w = dist.broadcast(as_bytes(t), self.tp.global_rank(src), group=self.group, async_op=True)
+                w = dist.broadcast(*self._bytes(t), self.tp.global_rank(src), group=self.group, async_op=True)
                 return self._native_done("broadcast", t0, w, t.nbytes * (self.world - 1) if self.rank == src else 0)
             self._agree("broadcast", plan, [code_of(t.dtype), t.numel(), src], same=[0, 1, 2])
             res = coll.broadcast(self.tp, t, src, plan == "compressed", self.timeout)
@@ -362,13 +366,14 @@ class Communicator:
                              f"{self.world * inp.numel()} elements, got {out.dtype} with {out.numel()}")
         if self._native_now("all_gather", inp, async_op):
             t0 = time.perf_counter()
-            coll.all_gather_native(as_bytes(out), as_bytes(inp), group=self.group)
-            return self._record("all_gather", "native", t0, inp.nbytes * (self.world - 1), inp.nbytes * (self.world - 1))
+            coll.all_gather_native(*self._bytes(out, inp), group=self.group)
+            sent = inp.nbytes * (self.world - 1)
+            return self._record("all_gather", "native", t0, sent, sent)
 
         def run():
             t0, plan = time.perf_counter(), self._plan("all_gather", inp.dtype, inp.nbytes)
             if plan == "native":
-                w = coll.all_gather_native(as_bytes(out), as_bytes(inp), group=self.group, async_op=True)
+                w = coll.all_gather_native(*self._bytes(out, inp), group=self.group, async_op=True)
                 return self._native_done("all_gather", t0, w, inp.nbytes * (self.world - 1))
             self._agree("all_gather", plan, [code_of(inp.dtype), inp.numel()], same=[0, 1])
             res = coll.all_gather(self.tp, out, inp, plan == "compressed", self.timeout)

@@ -27,9 +27,10 @@ PRIOR_RATIO = {torch.bfloat16: 0.67, torch.float16: 0.85, torch.float32: 0.84,
                torch.float8_e4m3fn: 0.78, torch.float8_e5m2: 0.70}
 _CACHE: Dict[tuple, "Calibration"] = {}
 _NATIVE_MEASURED = ("send", "all_gather", "all_reduce")
-# Host time of a compressed exchange beyond its latency rounds (Python, launches,
-# header reads), once and per wave: from PZ_TRACE timelines on H200 (bench/NOTES.md).
-HOST_EXCHANGE_S, HOST_WAVE_S = 600e-6, 200e-6
+# Host time of a compressed exchange beyond its latency rounds (alpha, measured
+# with the same post-and-wait, already holds most of it): launches and header
+# reads, once and per wave, from PZ_TRACE timelines on H200 (docs/COMM.md).
+HOST_EXCHANGE_S, HOST_WAVE_S = 200e-6, 100e-6
 
 
 @dataclass
