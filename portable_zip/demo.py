@@ -38,11 +38,11 @@ def state_dict(layers: int, hidden: int, vocab: int = 16_000, seed: int = 0) -> 
     return sd
 
 
-def _progress(items, desc):
+def _progress(items, desc, unit="tensor"):
     try:
         from tqdm import tqdm
 
-        return tqdm(items, desc=desc, unit="tensor")
+        return tqdm(items, desc=desc, unit=unit)
     except ImportError:
         return items
 
@@ -74,9 +74,14 @@ def _worker(rank: int, world: int, port: int, layers: int, hidden: int, use_gpu:
             dist.send(t, 1) if rank == 0 else dist.recv(r, 0)
 
     def zipped_sync():
-        pairs = list(zip(tensors, recv))
-        for t, r in (_progress(pairs, "compressed sync") if rank == 0 else pairs):
-            comm.send(t, 1) if rank == 0 else comm.recv(r, 0)
+        # Batches of tensors as isend/irecv groups: each group is one exchange
+        # (one compress launch per wave), the progress bar ticks per group.
+        mine = tensors if rank == 0 else recv
+        groups = [mine[i: i + 8] for i in range(0, len(mine), 8)]
+        post = comm.isend if rank == 0 else comm.irecv
+        for group in (_progress(groups, "compressed sync", "batch") if rank == 0 else groups):
+            for w in [post(t, 1 - rank) for t in group]:
+                w.wait()
 
     results["raw_s"] = timed(raw_sync)
     results["compressed_s"] = timed(zipped_sync)
