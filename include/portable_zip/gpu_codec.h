@@ -269,6 +269,16 @@ PZ_DEVICE PZ_FORCE_INLINE bool full_block(const fmt::Header& h, uint64_t first, 
   return n == (1u << h.block_log2) && (first + n) * E <= h.numel;
 }
 
+// Byte 32k + lane of a 256-byte row held as 8 consecutive bytes per lane
+// (lo, hi): the row-to-step redistribution of both the rANS encoder and the
+// fixed-code decoder (two shuffles and a byte select).
+PZ_DEVICE PZ_FORCE_INLINE uint32_t row_byte(uint32_t lo, uint32_t hi, int k) {
+  const int lane = group_lane();
+  const int src = k * (fmt::kLanes / kChunkSyms) + (lane >> 3);
+  const uint32_t wlo = group_shfl(lo, src), whi = group_shfl(hi, src);
+  return (((lane & 7) < 4 ? wlo : whi) >> (8 * (lane & 3))) & 0xff;
+}
+
 // Pass 2 driver: calls f(idx, sym, valid) for the block's symbols step by
 // step, 8 steps per 256-symbol row, and row_done() after each row, stopping
 // when it returns true (group-uniform). A row is loaded as one 8-symbol chunk
@@ -283,8 +293,6 @@ PZ_DEVICE PZ_FORCE_INLINE void for_each_step(const CompressParams& p, uint64_t f
   const fmt::Header& h = p.h;
   const int lane = group_lane();
   constexpr uint32_t kRow = fmt::kLanes * kChunkSyms;
-  const int shift = 8 * (lane & 3);
-  const bool low = (lane & 7) < 4;
   RawChunk<D> next1{}, next2{};
   auto in_range = [&](uint32_t i) { return Full ? i + kChunkSyms <= n : chunk_in_range<D>(h, first, i, n); };
   if (Aligned && in_range(lane * kChunkSyms)) next1 = load_raw<D>(p.in, first + lane * kChunkSyms);
@@ -311,9 +319,7 @@ PZ_DEVICE PZ_FORCE_INLINE void for_each_step(const CompressParams& p, uint64_t f
 #pragma unroll
     for (int k = 0; k < kChunkSyms; ++k) {
       const uint32_t idx = row + k * fmt::kLanes + lane;
-      const int src = k * (fmt::kLanes / kChunkSyms) + (lane >> 3);
-      const uint32_t wlo = group_shfl(lo, src), whi = group_shfl(hi, src);
-      f(idx, ((low ? wlo : whi) >> shift) & 0xff, Full || idx < n);
+      f(idx, row_byte(lo, hi, k), Full || idx < n);
     }
     if (row_done()) break;
   }
@@ -757,9 +763,7 @@ PZ_DEVICE uint32_t decode_fixed(const DecompressParams& p, const uint8_t* seg, u
       const uint32_t p0 = group_shfl(cur.plane, 3 * k), p1 = group_shfl(cur.plane, 3 * k + 1),
                      p2 = group_shfl(cur.plane, 3 * k + 2);
       const uint32_t code = (p0 >> lane & 1) | (p1 >> lane & 1) << 1 | (p2 >> lane & 1) << 2;
-      const int src = k * (fmt::kLanes / 8) + (lane >> 3);
-      const uint32_t wlo = group_shfl(cur.lo, src), whi = group_shfl(cur.hi, src);
-      const uint32_t r8 = (((lane & 7) < 4 ? wlo : whi) >> (8 * (lane & 3))) & 0xff;
+      const uint32_t r8 = row_byte(cur.lo, cur.hi, static_cast<int>(k));
       const bool valid = idx < n, is_esc = valid && code == fmt::kFixedEscape;
       const uint32_t eb = group_ballot(is_esc);
       const uint32_t sym = group_shfl(tab, static_cast<int>(code));
