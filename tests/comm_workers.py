@@ -258,6 +258,10 @@ def mismatch(rank, world, kind):
                 works = [comm.irecv(torch.zeros(10, device=device()), 0)]
             for w in works:
                 w.wait()
+        elif kind == "mode":
+            mixed = pz.Communicator(compress="always" if rank == 0 else "never", timeout=30)
+            mixed.all_gather_single(empty(world * 10, dtype=torch.bfloat16), torch.zeros(10, dtype=torch.bfloat16,
+                                                                                        device=device()))
         elif kind == "fp8_reduce":
             comm.all_reduce(torch.zeros(10).to(torch.float8_e4m3fn).to(device()))
     except (pz.MismatchError, TypeError) as e:

@@ -60,6 +60,7 @@ def test_silent_peer_times_out():
     ("version", "version mismatch"),
     ("p2p_version", "version mismatch"),
     ("p2p_count", "rank 0 sends 2 tensors but rank 1 expects 1"),
+    ("mode", "rank 1 runs the raw plan but rank 0 the compressed plan"),
     ("fp8_reduce", "not defined for torch.float8_e4m3fn"),
 ])
 def test_mismatch_raises_on_both_sides(kind, pattern):
