@@ -207,6 +207,34 @@ def dead_peer(rank, world, timeout):
     raise AssertionError("all_reduce with a dead peer returned")
 
 
+def corrupt_peer(rank, world):
+    """A peer whose stream header is garbled (a bad format version): the
+    receiver raises PeerError naming it, within the timeout; nothing hangs."""
+    import portable_zip.codec as codec
+
+    comm = pz.Communicator(compress="always", timeout=5)
+    t0 = time.monotonic()
+    if rank == 0:
+        good = codec._compress_padded
+
+        def garbled(t, *args, **kwargs):
+            buf = good(t, *args, **kwargs)
+            buf[4] = 99  # the header's format version byte
+            return buf
+
+        codec._compress_padded = garbled
+        try:
+            comm.send(data(1, 0, 0, 50_000, torch.bfloat16), 1)
+        except Exception as e:  # noqa: BLE001 - on CPU the sender reads its own garbled size back and fails too
+            return time.monotonic() - t0, type(e).__name__
+        return time.monotonic() - t0, "sent"
+    try:
+        comm.recv(empty(50_000, dtype=torch.bfloat16), 0)
+    except pz.PeerError as e:
+        return time.monotonic() - t0, str(e)
+    raise AssertionError("a garbled stream was accepted")
+
+
 def hung_peer(rank, world, timeout):
     comm = pz.Communicator(compress="always", timeout=timeout)
     dist.barrier()

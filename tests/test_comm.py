@@ -44,6 +44,13 @@ def test_dead_peer_raises_within_timeout():
         assert kind in ("PeerError", "PeerTimeout"), msg
 
 
+def test_garbled_stream_from_peer_raises():
+    res = ok(comm_harness.run(2, comm_workers.corrupt_peer, deadline=60))
+    elapsed, msg = res[1]
+    assert elapsed < 10 and "rank 0 sent an unreadable stream header" in msg and "version" in msg, msg
+    assert res[0][0] < 15, res[0]
+
+
 def test_silent_peer_times_out():
     res = comm_harness.run(2, comm_workers.hung_peer, 2.0, deadline=60)
     assert res[0][0] == "ok", res[0]
