@@ -20,9 +20,11 @@ from .transport import TorchDistTransport, movable
 from .wire import PROTO, WIRE_VERSION
 
 _OPS = ["send", "recv", "broadcast", "all_gather", "reduce_scatter", "all_reduce", "all_to_all"]
-_REDUCIBLE = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
-_FP8 = (torch.float8_e4m3fn, torch.float8_e5m2, getattr(torch, "float8_e4m3fnuz", None),
-        getattr(torch, "float8_e5m2fnuz", None))
+# Sets: membership is on every op's path.
+_REDUCIBLE = frozenset((torch.bfloat16, torch.float16, torch.float32, torch.float64))
+_FP8 = frozenset(d for d in (torch.float8_e4m3fn, torch.float8_e5m2, getattr(torch, "float8_e4m3fnuz", None),
+                             getattr(torch, "float8_e5m2fnuz", None)) if d is not None)
+_CODED = frozenset(CODED)
 
 
 class Work:
@@ -76,6 +78,7 @@ class Communicator:
         self.timeout = float(timeout if timeout is not None else os.environ.get("PZ_TIMEOUT", 300))
         self.tp = TorchDistTransport(self.group)
         self.rank, self.world, self.device = self.tp.rank, self.tp.world, self.tp.device
+        self._cuda = self.device.type == "cuda"
         backend = self.tp.backend
         if backend == "nccl":
             lib = "RCCL" if torch.version.hip else "NCCL"
@@ -142,7 +145,7 @@ class Communicator:
     def _plan(self, op: str, dtype: torch.dtype, nbytes: int) -> str:
         if self.compress == "never":
             return "raw"
-        if dtype not in CODED:
+        if dtype not in _CODED:
             return "native" if self.compress == "auto" else "raw"
         if self.compress == "always":
             return "compressed"
@@ -153,7 +156,7 @@ class Communicator:
             raise TypeError(f"{what} must be a torch.Tensor, got {type(t).__name__}")
         if not t.is_contiguous():
             raise ValueError(f"{what} must be contiguous")
-        if t.device.type != self.device.type:
+        if t.is_cuda != self._cuda:
             raise ValueError(f"{what} is on {t.device} but this communicator moves {self.device.type} tensors "
                              f"({self.backend})")
         if reduce and t.dtype in _FP8:
