@@ -180,10 +180,9 @@ def decompress(buf: torch.Tensor, *, out: Optional[torch.Tensor] = None, threads
         _C.decompress_cpu(head, buf.data_ptr(), buf.numel(), out.data_ptr(), _threads(threads))
         return out
     _check_tensor(buf, "stream")
-    with torch.cuda.device(buf.device):
-        err = torch.zeros(1, dtype=torch.int32, device=buf.device)
-        _decode_gpu(buf, head, info, out, err, sms)
-        bits = int(err.item())
+    err = torch.zeros(1, dtype=torch.int32, device=buf.device)
+    _decode_gpu(buf, head, info, out, err, sms)
+    bits = int(err.item())
     if bits:
         raise FormatError(_C.decode_error_text(bits))
     return out

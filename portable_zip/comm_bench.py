@@ -219,10 +219,6 @@ def overhead_worker(rank, world, sizes, reps):
     comm = pz.Communicator(compress="auto")
     peer = 1 - rank
 
-    os.environ["PZ_NCCL_WAIT"] = "event"
-    comm_ev = pz.Communicator(compress="auto")
-    os.environ.pop("PZ_NCCL_WAIT")
-
     def poll(w):
         while not w.is_completed():
             pass
@@ -244,7 +240,6 @@ def overhead_worker(rank, world, sizes, reps):
             "all_reduce async+poll": lambda: poll(dist.all_reduce(t, async_op=True)),
             "all_reduce async+event-poll": lambda: event_poll(dist.all_reduce(t, async_op=True)),
             "all_reduce ours-auto": lambda: comm.all_reduce(t),
-            "all_reduce ours-auto event": lambda: comm_ev.all_reduce(t),
             "send torch": lambda: dist.send(t, peer) if rank == 0 else dist.recv(t, peer),
             "send isend+poll": lambda: poll(dist.isend(t, peer) if rank == 0 else dist.irecv(t, peer)),
             "send batch1+wait": lambda: [w.wait() for w in dist.batch_isend_irecv(
@@ -252,7 +247,6 @@ def overhead_worker(rank, world, sizes, reps):
             "send batch1+poll": lambda: [poll(w) for w in dist.batch_isend_irecv(
                 [dist.P2POp(dist.isend if rank == 0 else dist.irecv, t, peer)])],
             "send ours-auto": lambda: comm.send(t, peer) if rank == 0 else comm.recv(t, peer),
-            "send ours-auto event": lambda: comm_ev.send(t, peer) if rank == 0 else comm_ev.recv(t, peer),
         }
         for name, fn in variants.items():
             if "poll" in name and device.type != "cuda":

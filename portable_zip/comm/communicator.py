@@ -216,23 +216,29 @@ class Communicator:
         """What the native op moves: each tensor, or its uint8 view where the backend lacks the dtype."""
         return [movable(t, self.tp.backend) for t in ts]
 
-    def _native_now(self, op: str, t: torch.Tensor, async_op: bool) -> bool:
-        """A blocking op that runs native with no host wait (NCCL, nothing
-        queued): the caller makes the one torch.distributed call and returns,
-        so auto adds only this check to what torch costs."""
-        return (not async_op and self._stream_native and not self._pending and not self._outstanding
-                and self._plan(op, t.dtype, t.nbytes) == "native")
+    def _idle_native(self, op: str, t: torch.Tensor) -> bool:
+        """Nothing queued and op on t runs native: the caller can make the one
+        torch.distributed call on this thread and skip the op's machinery."""
+        return not self._pending and not self._outstanding and self._plan(op, t.dtype, t.nbytes) == "native"
 
-    def _native_done(self, op: str, t0: float, works, sent: int, calls: int = 1) -> None:
-        """Finish a native op the way torch.distributed does and record it: on
-        NCCL, order the current stream after it and return (no host wait, so
-        auto costs what torch costs); on gloo, wait bounded by the timeout."""
+    def _native_now(self, op: str, t: torch.Tensor, async_op: bool) -> bool:
+        """A blocking collective that runs native with no host wait (NCCL):
+        auto then adds only this check to what torch costs."""
+        return not async_op and self._stream_native and self._idle_native(op, t)
+
+    def _await_native(self, works) -> None:
+        """Finish native transfers the way torch.distributed does: on NCCL,
+        order the current stream after them and return (no host wait, so auto
+        costs what torch costs); on gloo, wait bounded by the timeout."""
         works = works if isinstance(works, list) else [works]
         if self._stream_native:
             for w in works:
                 w.wait()
         else:
             self.tp.wait(works, self.timeout)
+
+    def _native_done(self, op: str, t0: float, works, sent: int, calls: int = 1) -> None:
+        self._await_native(works)
         self._record(op, "native", t0, sent, sent, calls)
 
     # --- point to point -------------------------------------------------------
@@ -258,10 +264,9 @@ class Communicator:
     def _lone_native(self, kind: str, t: torch.Tensor, peer: int) -> bool:
         """A blocking send/recv with nothing queued whose plan is native: one
         torch.distributed transfer, nothing else (both sides decide alike)."""
-        if self._pending or self._outstanding or self._plan("send", t.dtype, t.nbytes) != "native":
+        if not self._idle_native("send", t):
             return False
-        t0 = time.perf_counter()
-        self._native_done(kind, t0, self.tp.post([(kind, t, peer)]), t.nbytes if kind == "send" else 0)
+        self._native_done(kind, time.perf_counter(), self.tp.post([(kind, t, peer)]), t.nbytes if kind == "send" else 0)
         return True
 
     def isend(self, t: torch.Tensor, dst: int) -> Work:
@@ -305,12 +310,7 @@ class Communicator:
                     # Fast path: straight to torch.distributed, no extra round trip.
                     ops = [("send", t, p) for p, ts in sends.items() for t in ts] + \
                           [("recv", t, p) for p, ts in recvs.items() for t in ts]
-                    works = self.tp.post(ops)
-                    if self._stream_native:
-                        for w in works:
-                            w.wait()
-                    else:
-                        self.tp.wait(works, self.timeout)
+                    self._await_native(self.tp.post(ops))
                     raw = sum(t.nbytes for ts in sends.values() for t in ts)
                     res, plan = coll.Result(raw, raw), "native"
                 else:
@@ -344,17 +344,17 @@ class Communicator:
         self._check(t, "broadcast tensor")
         if not 0 <= src < self.world:
             raise ValueError(f"src {src} is not a rank of this group (size {self.world})")
+        def native():
+            return dist.broadcast(*self._bytes(t), self.tp.global_rank(src), group=self.group, async_op=True)
+
+        sent = t.nbytes * (self.world - 1) if self.rank == src else 0
         if self._native_now("broadcast", t, async_op):
-            t0 = time.perf_counter()
-            dist.broadcast(*self._bytes(t), self.tp.global_rank(src), group=self.group)
-            return self._record("broadcast", "native", t0, t.nbytes * (self.world - 1) if self.rank == src else 0,
-                                t.nbytes * (self.world - 1) if self.rank == src else 0)
+            return self._native_done("broadcast", time.perf_counter(), native(), sent)
 
         def run():
             t0, plan = time.perf_counter(), self._plan("broadcast", t.dtype, t.nbytes)
             if plan == "native":
-                w = dist.broadcast(*self._bytes(t), self.tp.global_rank(src), group=self.group, async_op=True)
-                return self._native_done("broadcast", t0, w, t.nbytes * (self.world - 1) if self.rank == src else 0)
+                return self._native_done("broadcast", t0, native(), sent)
             self._agree("broadcast", plan, [code_of(t.dtype), t.numel(), src], same=[0, 1, 2])
             res = coll.broadcast(self.tp, t, src, plan == "compressed", self.timeout)
             self.policy.observe(res.streams if self.rank != src else res.streams[:1])
@@ -367,17 +367,17 @@ class Communicator:
         if out.dtype != inp.dtype or out.numel() != self.world * inp.numel():
             raise ValueError(f"all_gather output must be {inp.dtype} with world_size * input numel = "
                              f"{self.world * inp.numel()} elements, got {out.dtype} with {out.numel()}")
+        def native():
+            return coll.all_gather_native(*self._bytes(out, inp), group=self.group, async_op=True)
+
+        sent = inp.nbytes * (self.world - 1)
         if self._native_now("all_gather", inp, async_op):
-            t0 = time.perf_counter()
-            coll.all_gather_native(*self._bytes(out, inp), group=self.group)
-            sent = inp.nbytes * (self.world - 1)
-            return self._record("all_gather", "native", t0, sent, sent)
+            return self._native_done("all_gather", time.perf_counter(), native(), sent)
 
         def run():
             t0, plan = time.perf_counter(), self._plan("all_gather", inp.dtype, inp.nbytes)
             if plan == "native":
-                w = coll.all_gather_native(*self._bytes(out, inp), group=self.group, async_op=True)
-                return self._native_done("all_gather", t0, w, inp.nbytes * (self.world - 1))
+                return self._native_done("all_gather", t0, native(), sent)
             self._agree("all_gather", plan, [code_of(inp.dtype), inp.numel()], same=[0, 1])
             res = coll.all_gather(self.tp, out, inp, plan == "compressed", self.timeout)
             self.policy.observe(res.streams)
@@ -410,17 +410,18 @@ class Communicator:
     def all_reduce(self, t: torch.Tensor, op=ReduceOp.SUM, async_op: bool = False):
         op = ReduceOp.of(op)
         self._check(t, "all_reduce tensor", reduce=True)
+
+        def native():
+            return dist.all_reduce(t, op=op.native(), group=self.group, async_op=True)
+
+        sent = 2 * t.nbytes * (self.world - 1) // self.world
         if self._native_now("all_reduce", t, async_op):
-            t0 = time.perf_counter()
-            dist.all_reduce(t, op=op.native(), group=self.group)
-            sent = 2 * t.nbytes * (self.world - 1) // self.world
-            return self._record("all_reduce", "native", t0, sent, sent)
+            return self._native_done("all_reduce", time.perf_counter(), native(), sent)
 
         def run():
             t0, plan = time.perf_counter(), self._plan("all_reduce", t.dtype, t.nbytes)
             if plan == "native":
-                w = dist.all_reduce(t, op=op.native(), group=self.group, async_op=True)
-                return self._native_done("all_reduce", t0, w, 2 * t.nbytes * (self.world - 1) // self.world)
+                return self._native_done("all_reduce", t0, native(), sent)
             self._agree("all_reduce", plan, [code_of(t.dtype), t.numel(), list(ReduceOp).index(op)], same=[0, 1, 2])
             rs, ag = coll.all_reduce(self.tp, t, op, plan == "compressed", self.timeout)
             self.policy.observe(ag.streams)

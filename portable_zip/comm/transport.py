@@ -5,7 +5,6 @@ methods."""
 from __future__ import annotations
 
 import datetime
-import os
 import time
 from typing import List, Protocol, Sequence, Tuple
 
@@ -55,7 +54,6 @@ class TorchDistTransport:
         self.rank = dist.get_rank(self.group)
         self.world = dist.get_world_size(self.group)
         self.name = f"torch.distributed/{self.backend}"
-        self._event_wait = os.environ.get("PZ_NCCL_WAIT", "poll") == "event"
         if self.backend == "nccl":
             self.device = torch.device("cuda", torch.cuda.current_device())
         else:
@@ -110,25 +108,15 @@ class TorchDistTransport:
                     continue
                 # NCCL: wait() only orders streams, so poll completion for the
                 # deadline: spin first (a sleep costs ~60 us, more than a small
-                # transfer), then back off. "event" mode orders the current
-                # stream after the work and polls a CUDA event of our own
-                # instead of the work's state.
-                if self._event_wait:
-                    w.wait()
-                    done = torch.cuda.Event()
-                    done.record()
-                    finished = done.query
-                else:
-                    finished = w.is_completed
+                # transfer), then back off.
                 spin_until = time.monotonic() + 0.005
-                while not finished():
+                while not w.is_completed():
                     now = time.monotonic()
                     if now > deadline:
                         raise PeerTimeout(f"{self.name}: a peer did not answer within {timeout:g} s")
                     if now > spin_until:
                         time.sleep(50e-6)
-                if not self._event_wait:
-                    w.wait()
+                w.wait()
             except PeerError:
                 raise
             except RuntimeError as e:

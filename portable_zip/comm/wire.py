@@ -43,7 +43,8 @@ PIECE_MIN_BYTES, PIECE_MAX_BYTES = 16 << 20, 128 << 20
 PIECE_ALIGN = 8192  # elements: whole fp8 pairs and whole 8-symbol vector chunks
 WAVE_BYTES = 32 << 20  # each wave costs ~0.2-0.5 ms of host work (PZ_TRACE): few, large waves
 CTRL_WORDS = 12
-_TRACE: list = [True] if os.environ.get("PZ_TRACE") else []
+_TRACE = bool(os.environ.get("PZ_TRACE"))
+_marks: list = []  # the current exchange's start time, then its steps
 
 
 @dataclass
@@ -157,6 +158,11 @@ def _waves(units: List[_Unit]) -> List[List[_Unit]]:
     return waves + ([cur] if cur else [])
 
 
+def _in_wave(waves: Dict[int, List[List[_Unit]]], w: int) -> List[_Unit]:
+    """Wave w's units of every peer (peers with fewer waves have none)."""
+    return [u for ws in waves.values() if w < len(ws) for u in ws[w]]
+
+
 def _as_lists(d: Dict[int, object]) -> Dict[int, List[torch.Tensor]]:
     out = {}
     for p, v in d.items():
@@ -231,7 +237,7 @@ def exchange(tp: Transport, sends: Dict[int, object], recvs: Dict[int, object], 
     slots = _host_slots(8 * len(sources)) if dev.type == "cuda" and sources else None
     for w in range(nwaves):
         ops = []
-        wave_out = [u for p in out_waves if w < len(out_waves[p]) for u in out_waves[p][w]]
+        wave_out = _in_wave(out_waves, w)
         new = list(dict.fromkeys(u.key for u in wave_out if u.coded and u.key not in streams))
         if len(new) == 1:
             bufs = [codec._compress_padded(sources[new[0]])]
@@ -249,7 +255,7 @@ def exchange(tp: Transport, sends: Dict[int, object], recvs: Dict[int, object], 
             else:
                 ops.append(("send", u.t, u.peer))
                 res.wire_bytes += u.t.nbytes
-        wave_in = [u for p in in_waves if w < len(in_waves[p]) for u in in_waves[p][w]]
+        wave_in = _in_wave(in_waves, w)
         _receive_buffers([u for u in wave_in if u.coded], dev)
         for u in wave_in:
             if u.coded:
@@ -271,16 +277,14 @@ def exchange(tp: Transport, sends: Dict[int, object], recvs: Dict[int, object], 
         _mark(f"wave {w} sizes read")
         for key, total in zip(new, got_sizes):
             totals[key] = total
-            res.streams.append((key[0][2], sources[key].numel(), total))
+            res.streams.append((sources[key].dtype, sources[key].numel(), total))
         ops = []
-        for p in out_waves:
-            for u in (out_waves[p][w] if w < len(out_waves[p]) else []):
-                if u.coded:
-                    u.total = totals[u.key]
-                    ops.append(("send", u.buf[u.lay["raw_end"]: u.total], u.peer))
-                    res.wire_bytes += u.total
-        wave_in = [u for p in in_waves if w < len(in_waves[p]) for u in in_waves[p][w] if u.coded]
-        for u in _read_headers(wave_in):
+        for u in _in_wave(out_waves, w):
+            if u.coded:
+                u.total = totals[u.key]
+                ops.append(("send", u.buf[u.lay["raw_end"]: u.total], u.peer))
+                res.wire_bytes += u.total
+        for u in _read_headers([u for u in _in_wave(in_waves, w) if u.coded]):
             ops.append(("recv", u.buf[u.lay["raw_end"]: u.total], u.peer))
             res.streams.append((u.t.dtype, u.t.numel(), u.total))
         tails.append(tp.post(ops))
@@ -292,18 +296,17 @@ def exchange(tp: Transport, sends: Dict[int, object], recvs: Dict[int, object], 
     for w in range(nwaves):
         tp.wait(tails[w], timeout)
         _mark(f"wave {w} tails done")
-        for p in in_waves:
-            for u in (in_waves[p][w] if w < len(in_waves[p]) else []):
-                if not u.coded:
-                    continue
-                stream = u.buf[: u.total]
-                if err is None:
-                    try:
-                        codec.decompress(stream, out=u.t)
-                    except codec.FormatError as e:
-                        raise PeerError(f"rank {p} sent a corrupt stream: {e}") from e
-                else:
-                    codec._decode_gpu(stream, *u.head, u.t, err)
+        for u in _in_wave(in_waves, w):
+            if not u.coded:
+                continue
+            stream = u.buf[: u.total]
+            if err is None:
+                try:
+                    codec.decompress(stream, out=u.t)
+                except codec.FormatError as e:
+                    raise PeerError(f"rank {u.peer} sent a corrupt stream: {e}") from e
+            else:
+                codec._decode_gpu(stream, *u.head, u.t, err)
     if err is not None:
         bits = int(err.item())
         _mark("decoded")
@@ -314,16 +317,17 @@ def exchange(tp: Transport, sends: Dict[int, object], recvs: Dict[int, object], 
 
 
 def _mark(what: Optional[str], rank: int = -1) -> None:
-    """PZ_TRACE=1: print each exchange's host timeline (µs since its start) to stderr."""
+    """PZ_TRACE=1: print each exchange's host timeline (µs since its start,
+    what=None) to stderr, when what="end"."""
     if not _TRACE:
         return
     now = time.perf_counter()
     if what is None:
-        _TRACE[:] = [True, now]
+        _marks[:] = [now]
         return
-    _TRACE.append(f"{what} {1e6 * (now - _TRACE[1]):.0f}")
+    _marks.append(f"{what} {1e6 * (now - _marks[0]):.0f}")
     if what == "end":
-        print(f"[pz trace rank {rank}] " + " | ".join(_TRACE[2:]), file=sys.stderr, flush=True)
+        print(f"[pz trace rank {rank}] " + " | ".join(_marks[1:]), file=sys.stderr, flush=True)
 
 
 def _receive_buffers(units: List[_Unit], dev: torch.device) -> None:
@@ -381,9 +385,10 @@ def _swap_control(tp: Transport, peers: List[int], mine: Dict[int, tuple], timeo
         m = msg1[p]
         if m[0] != PROTO or m[1] != WIRE_VERSION or (m[2], m[3]) != (len(rs), len(ss)) or max(m[2], m[3]) <= 1:
             continue  # nothing more to swap (a mismatch is reported from the first messages)
-        rest_out[p] = torch.tensor([v for s in ss[1:] for v in s] + [v for r in rs[1:] for v in r] or [0],
+        # Counts agree and one exceeds 1, so both messages are non-empty.
+        rest_out[p] = torch.tensor([v for s in ss[1:] for v in s] + [v for r in rs[1:] for v in r],
                                    dtype=torch.int64, device=dev)
-        rest_in[p] = torch.empty(max(4 * max(m[2] - 1, 0) + 2 * max(m[3] - 1, 0), 1), dtype=torch.int64, device=dev)
+        rest_in[p] = torch.empty(4 * max(m[2] - 1, 0) + 2 * max(m[3] - 1, 0), dtype=torch.int64, device=dev)
     if rest_out:
         tp.wait(tp.post([("send", t, p) for p, t in rest_out.items()] + [("recv", t, p) for p, t in rest_in.items()]),
                 timeout)
