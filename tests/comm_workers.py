@@ -295,3 +295,240 @@ def mismatch(rank, world, kind):
     except (pz.MismatchError, TypeError) as e:
         return type(e).__name__, str(e)
     raise AssertionError(f"{kind}: no error raised")
+
+
+# --- issue 9: plan agreement, bounded waits, argument errors ---------------------------------
+
+def slow_link_auto(timeout=60.0):
+    """auto on a link modelled at 0.5 GB/s with a fast codec: small tensors go
+    native, large ones compressed, so plans differ by size within one program."""
+    return pz.Communicator(compress="auto", timeout=timeout, link_gbps=0.5, latency_us=50, codec_gbps=50)
+
+
+def batch_plans(rank, world, seed):
+    """Defect 1: a rank's group mixes a small and a large tensor to different
+    peers; each pair's plan must follow from that pair's tensors alone. Then
+    every rank sends a different size to every peer (all pairs, both ways)."""
+    comm = slow_link_auto()
+    small, big = 1024, 4 << 20
+    if rank == 0:
+        works = [comm.isend(data(seed, 0, 1, small, torch.bfloat16), 1),
+                 comm.isend(data(seed, 0, 2, big, torch.bfloat16), 2)]
+        for w in works:
+            w.wait()
+    elif rank in (1, 2):
+        n = small if rank == 1 else big
+        got = empty(n, dtype=torch.bfloat16)
+        comm.recv(got, 0)
+        check(same(got, data(seed, 0, rank, n, torch.bfloat16)), f"rank {rank} got wrong bytes from rank 0")
+    # All pairs: rank i sends sizes[i][j] elements to rank j (0, tiny, or large), in one group.
+    rng = np.random.default_rng([seed, 5])
+    sizes = rng.choice([0, 7, 3000, 1 << 20, (1 << 20) + 5], size=(world, world))
+    dtypes = [DTYPES[int(k)] for k in rng.integers(0, len(DTYPES), size=world * world)]
+    works, got = [], {}
+    for j in range(world):
+        if j == rank:
+            continue
+        dt_out, dt_in = dtypes[rank * world + j], dtypes[j * world + rank]
+        works.append(comm.isend(data(seed, rank, 100 + j, int(sizes[rank][j]), dt_out), j))
+        got[j] = empty(int(sizes[j][rank]), dtype=dt_in)
+        works.append(comm.irecv(got[j], j))
+    for w in works:
+        w.wait()
+    for j, g in got.items():
+        check(same(g, data(seed, j, 100 + rank, int(sizes[j][rank]), dtypes[j * world + rank])),
+              f"rank {rank}: bytes from rank {j} differ")
+    return dict(comm.stats["send"]["plans"]) if "send" in comm.stats else {}
+
+
+def learned_ratio(rank, world, seed):
+    """Defect 2: a compressed broadcast that goes out in pieces, then
+    collectives of the same size: every rank must learn the same ratio."""
+    os.environ["PZ_PIECE_BYTES"] = "65536"  # many pieces
+    comm = pz.Communicator(compress="auto", timeout=60, link_gbps=0.1, latency_us=50, codec_gbps=50)
+    n = 1 << 20
+    for case in range(3):
+        src = case % world
+        t = data(seed, src, case, n, torch.bfloat16) if rank == src else empty(n, dtype=torch.bfloat16)
+        comm.broadcast(t, src)
+        check(same(t, data(seed, src, case, n, torch.bfloat16)), "broadcast")
+        out = empty(world * n, dtype=torch.bfloat16)
+        comm.all_gather_single(out, data(seed, rank, 10 + case, n, torch.bfloat16))
+        check(same(out, torch.cat([data(seed, r, 10 + case, n, torch.bfloat16) for r in range(world)])), "all_gather")
+    ratio = comm.policy.ratio[torch.bfloat16]
+    everyone = [None] * world
+    dist.all_gather_object(everyone, ratio)
+    check(len(set(everyone)) == 1, f"ranks learned different ratios: {everyone}")
+    if world == 2:  # beyond 2 ranks the model sends a broadcast native (the source's link carries it w-1 times)
+        check(comm.stats["broadcast"]["plans"].get("compressed"), f"broadcast never compressed: {comm.stats}")
+    return ratio
+
+
+def split_mismatch(rank, world):
+    """Defect 4: an all_to_all whose splits disagree between one pair raises
+    MismatchError on every rank (not only the receiver), and the
+    communicator still works afterwards."""
+    comm = pz.Communicator(compress="always", timeout=20)
+    splits_in = [2] * world
+    splits_out = [2] * world
+    if rank == world - 1:
+        splits_in = [3] + [2] * (world - 2) + [1]  # sends 3 rows to rank 0, which expects 2
+    inp = data(1, rank, 0, sum(splits_in), torch.bfloat16).reshape(-1, 1)
+    out = empty(sum(splits_out), 1, dtype=torch.bfloat16)
+    try:
+        comm.all_to_all_single(out, inp, splits_out, splits_in)
+        err = None
+    except pz.MismatchError as e:
+        err = str(e)
+    t = data(2, rank, 0, 1000, torch.float32, integer=True)
+    ref = t.clone()
+    comm.all_reduce(t)
+    dist.all_reduce(ref)
+    check(same(t, ref), "all_reduce after a split mismatch")
+    return err
+
+
+def inplace_all_to_all(rank, world, seed):
+    """Defect 5: all_to_all_single(x, x) in every mode, even and uneven splits."""
+    out = {}
+    for mode in ("never", "always", "auto"):
+        comm = pz.Communicator(compress=mode, timeout=30)
+        for numel in (6 * world, 30_000 * world):
+            x = data(seed, rank, numel, numel, torch.bfloat16)
+            comm.all_to_all_single(x, x)
+            want = torch.cat([data(seed, j, numel, numel, torch.bfloat16).chunk(world)[rank] for j in range(world)])
+            check(same(x, want), f"in-place all_to_all {mode} {numel}")
+        x = data(seed, rank, 7, 40_000, torch.float32)
+        g = empty(world * 40_000, dtype=torch.float32)
+        g[rank * 40_000:(rank + 1) * 40_000].copy_(x)
+        comm.all_gather_single(g, g[rank * 40_000:(rank + 1) * 40_000])  # in place, torch's idiom
+        check(same(g, torch.cat([data(seed, j, 7, 40_000, torch.float32) for j in range(world)])),
+              f"in-place all_gather {mode}")
+        out[mode] = True
+    return out
+
+
+def silent_in(rank, world, what, timeout):
+    """Defect 6: a peer that goes silent in a gloo reduce_scatter (whose
+    wait ignores its timeout) or during calibration: rank 0 raises PeerTimeout
+    within the timeout."""
+    from portable_zip.comm.policy import Policy
+
+    if what == "calibration":
+        if rank == 1:
+            Policy._measure_native = staticmethod(lambda *a, **k: time.sleep(timeout * 5))
+        t0 = time.monotonic()
+        try:
+            pz.Communicator(compress="auto", timeout=timeout)
+        except pz.PeerTimeout as e:
+            return time.monotonic() - t0, str(e)
+        if rank == 1:
+            return None
+        raise AssertionError("calibration with a silent peer returned")
+    comm = pz.Communicator(compress="auto", timeout=timeout)
+    dist.barrier()
+    if rank == 1:
+        time.sleep(timeout * 5)
+        return None
+    t0 = time.monotonic()
+    try:
+        comm.reduce_scatter_single(empty(1000, dtype=torch.float32), empty(world * 1000, dtype=torch.float32))
+    except pz.PeerTimeout as e:
+        return time.monotonic() - t0, str(e)
+    raise AssertionError("reduce_scatter with a silent peer returned")
+
+
+def argument_errors(rank, world):
+    """Defect 7 (Communicator side) and 10: local argument errors are clear and local."""
+    found = {}
+
+    def expect(name, exc, fn):
+        try:
+            fn()
+        except exc as e:
+            found[name] = f"{type(e).__name__}: {e}"
+            return
+        raise AssertionError(f"{name}: no {exc.__name__}")
+
+    for bad in (0, -1, float("nan"), float("inf")):
+        expect(f"timeout={bad}", ValueError, lambda: pz.Communicator(timeout=bad))
+    comm = pz.Communicator(compress="always", timeout=30)
+    z = torch.zeros(8, dtype=torch.complex64)
+    expect("conj view", ValueError, lambda: comm.all_gather_single(empty(world * 8, dtype=torch.complex64), z.conj()))
+    expect("neg view", ValueError, lambda: comm.broadcast(torch._neg_view(torch.zeros(8)), 0))
+    x = empty(4 * world, 1, dtype=torch.bfloat16)
+    expect("float splits", TypeError, lambda: comm.all_to_all_single(x, x, [4.0] * world, [4.0] * world))
+    expect("bool rank", ValueError, lambda: comm.send(torch.zeros(3), True if rank == 0 else False))
+    # Work.wait(timeout=0.0) on an op still running: PeerTimeout, then a full wait succeeds.
+    peer = 1 - rank if world == 2 else (rank + 1) % world
+    if rank == 0:
+        w = comm.irecv(empty(10, dtype=torch.float32), 1)
+        expect("wait(0.0)", pz.PeerTimeout, lambda: w.wait(timeout=0.0))
+        expect("wait(-1)", ValueError, lambda: w.wait(timeout=-1))
+        w.wait()
+    elif rank == 1:
+        time.sleep(1.0)
+        comm.send(torch.zeros(10), 0)
+    del peer
+    comm.close()
+    expect("closed all_reduce", RuntimeError, lambda: comm.all_reduce(torch.zeros(4)))
+    expect("closed isend", RuntimeError, lambda: comm.isend(torch.zeros(4), 1 if rank == 0 else 0))
+    return found
+
+
+def agreement_battery(rank, world, seed, n_ops):
+    """Random collectives and p2p groups on a communicator whose plans change
+    with size (PZ_CHECK_PLANS on): every result exact, no divergence."""
+    os.environ["PZ_CHECK_PLANS"] = "1"
+    comm = slow_link_auto()
+    rng = np.random.default_rng([seed, 3])  # the same program on every rank
+    sizes = [0, 1, 999, 20_000, 300_000, 1 << 20]
+    for i in range(n_ops):
+        op = ["broadcast", "all_gather", "all_reduce", "reduce_scatter", "all_to_all", "p2p"][int(rng.integers(6))]
+        dt = [torch.bfloat16, torch.float16, torch.float32][int(rng.integers(3))]
+        n = int(sizes[int(rng.integers(len(sizes)))])
+        if op == "broadcast":
+            src = int(rng.integers(world))
+            t = data(seed, src, i, n, dt) if rank == src else empty(n, dtype=dt)
+            comm.broadcast(t, src)
+            check(same(t, data(seed, src, i, n, dt)), f"op {i}: broadcast")
+        elif op == "all_gather":
+            out = empty(world * n, dtype=dt)
+            comm.all_gather_single(out, data(seed, rank, i, n, dt))
+            check(same(out, torch.cat([data(seed, r, i, n, dt) for r in range(world)])), f"op {i}: all_gather")
+        elif op in ("all_reduce", "reduce_scatter"):
+            x = data(seed, rank, i, world * n, dt, integer=True)
+            ref = x.clone()
+            dist.all_reduce(ref)
+            if op == "all_reduce":
+                comm.all_reduce(x)
+                check(same(x, ref), f"op {i}: all_reduce")
+            else:
+                out = empty(n, dtype=dt)
+                comm.reduce_scatter_single(out, x)
+                check(same(out, ref[rank * n:(rank + 1) * n]), f"op {i}: reduce_scatter")
+        elif op == "all_to_all":
+            splits = rng.integers(0, max(n // world, 1) + 1, size=(world, world))
+            inp = data(seed, rank, i, int(splits[rank].sum()), dt).reshape(-1, 1)
+            out = empty(int(splits[:, rank].sum()), 1, dtype=dt)
+            comm.all_to_all_single(out, inp, [int(v) for v in splits[:, rank]], [int(v) for v in splits[rank]])
+            want = torch.cat([data(seed, j, i, int(splits[j].sum()), dt)[int(splits[j][:rank].sum()):
+                                                                         int(splits[j][:rank + 1].sum())]
+                              for j in range(world)])
+            check(same(out.reshape(-1), want), f"op {i}: all_to_all")
+        else:
+            pair_sizes = rng.choice(sizes, size=(world, world))
+            works, got = [], {}
+            for j in range(world):
+                if j != rank:
+                    works.append(comm.isend(data(seed, rank, 1000 * i + j, int(pair_sizes[rank][j]), dt), j))
+                    got[j] = empty(int(pair_sizes[j][rank]), dtype=dt)
+                    works.append(comm.irecv(got[j], j))
+            for w in works:
+                w.wait()
+            for j, g in got.items():
+                check(same(g, data(seed, j, 1000 * i + rank, int(pair_sizes[j][rank]), dt)), f"op {i}: p2p from {j}")
+    plans = {op: s["plans"] for op, s in comm.stats.items()}
+    check(any("compressed" in p for p in plans.values()) and any("native" in p for p in plans.values()),
+          f"the battery should mix plans: {plans}")
+    return plans

@@ -67,7 +67,7 @@ def test_silent_peer_times_out():
     ("version", "version mismatch"),
     ("p2p_version", "version mismatch"),
     ("p2p_count", "rank 0 sends 2 tensors but rank 1 expects 1"),
-    ("mode", "rank 1 runs the raw plan but rank 0 the compressed plan"),
+    ("mode", "compress= differs between ranks: rank 0 'always', rank 1 'never'"),
     ("fp8_reduce", "not defined for torch.float8_e4m3fn"),
 ])
 def test_mismatch_raises_on_both_sides(kind, pattern):
@@ -95,3 +95,55 @@ def test_pipelined_pieces(monkeypatch):
     passed = ok(comm_harness.run(3, comm_workers.battery, seed, sizes, deadline=600))
     expected = len(sizes) * (4 * 2 * 5 + 4 * 2 * 3) + 2 * 3 * 3
     assert all(n == expected for n in passed.values()), (seed, expected, passed)
+
+
+# --- issue 9 regressions: each failed before the plan-agreement redesign ---------------------
+
+def _seed():
+    return int(np.random.default_rng().integers(0, 2**31))
+
+
+@pytest.mark.parametrize("world", [3, 4])
+def test_batch_plan_is_per_pair(world):
+    seed = _seed()
+    ok(comm_harness.run(world, comm_workers.batch_plans, seed, deadline=300))
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_learned_ratio_agrees(world):
+    seed = _seed()
+    ratios = ok(comm_harness.run(world, comm_workers.learned_ratio, seed, deadline=300))
+    assert len(set(ratios.values())) == 1, ratios
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_split_mismatch_raises_everywhere(world):
+    res = ok(comm_harness.run(world, comm_workers.split_mismatch, deadline=120))
+    for r, msg in res.items():
+        assert msg and f"rank {world - 1} sends 3 rows to rank 0, which expects 2" in msg, (r, msg)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_in_place_all_to_all(world):
+    ok(comm_harness.run(world, comm_workers.inplace_all_to_all, _seed(), deadline=300))
+
+
+@pytest.mark.parametrize("what", ["reduce_scatter", "calibration"])
+def test_silent_peer_bounded(what):
+    res = comm_harness.run(2, comm_workers.silent_in, what, 3.0, deadline=90)
+    assert res[0][0] == "ok", res[0]
+    elapsed, msg = res[0][1]
+    assert elapsed < 3.0 + 2.0, (elapsed, msg)
+
+
+def test_argument_errors_are_local():
+    res = ok(comm_harness.run(2, comm_workers.argument_errors, deadline=120))
+    assert "wait(0.0)" in res[0] and "still running" in res[0]["wait(0.0)"], res[0]
+    for r in (0, 1):
+        assert not any("PeerError" in v for v in res[r].values()), res[r]
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_plans_agree_under_check(world):
+    seed = _seed()
+    ok(comm_harness.run(world, comm_workers.agreement_battery, seed, 40, deadline=600))

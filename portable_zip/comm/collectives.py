@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from .transport import Transport
-from .wire import Result, exchange
+from .wire import Plan, Result, exchange
 
 
 class ReduceOp(enum.Enum):
@@ -73,15 +73,15 @@ def reduce_local(chunks: Sequence[torch.Tensor], op: ReduceOp) -> torch.Tensor:
 
 def broadcast(tp: Transport, t, src, coded, timeout) -> Result:
     if tp.rank == src:
-        return exchange(tp, {j: t for j in range(tp.world) if j != src}, {}, coded, timeout, agreed=True)
-    return exchange(tp, {}, {src: t}, coded, timeout, agreed=True)
+        return exchange(tp, {j: t for j in range(tp.world) if j != src}, {}, Plan(coded, agreed=True), timeout)
+    return exchange(tp, {}, {src: t}, Plan(coded, agreed=True), timeout)
 
 
 def all_gather(tp: Transport, out, inp, coded, timeout) -> Result:
     chunks = out.reshape(-1).chunk(tp.world) if inp.numel() else [out.reshape(-1)[:0]] * tp.world
     chunks[tp.rank].copy_(inp.reshape(-1))
     peers = [j for j in range(tp.world) if j != tp.rank]
-    return exchange(tp, {j: inp for j in peers}, {j: chunks[j] for j in peers}, coded, timeout, agreed=True)
+    return exchange(tp, {j: inp for j in peers}, {j: chunks[j] for j in peers}, Plan(coded, agreed=True), timeout)
 
 
 def reduce_scatter(tp: Transport, out, inp, op: ReduceOp, coded, timeout, bounds=None) -> Result:
@@ -91,7 +91,7 @@ def reduce_scatter(tp: Transport, out, inp, op: ReduceOp, coded, timeout, bounds
     lo, hi = bounds[me]
     peers = [j for j in range(tp.world) if j != me]
     bufs = {j: torch.empty(hi - lo, dtype=inp.dtype, device=inp.device) for j in peers}
-    res = exchange(tp, {j: flat[bounds[j][0]: bounds[j][1]] for j in peers}, bufs, coded, timeout, agreed=True)
+    res = exchange(tp, {j: flat[bounds[j][0]: bounds[j][1]] for j in peers}, bufs, Plan(coded, agreed=True), timeout)
     parts = [flat[lo:hi] if j == me else bufs[j] for j in range(tp.world)]
     out.reshape(-1).copy_(reduce_local(parts, op))
     return res
@@ -105,8 +105,8 @@ def all_reduce(tp: Transport, t, op: ReduceOp, coded, timeout) -> tuple:
     rs = reduce_scatter(tp, mine, flat, op, coded, timeout, bounds)
     peers = [j for j in range(tp.world) if j != tp.rank]
     flat[lo:hi].copy_(mine)
-    ag = exchange(tp, {j: mine for j in peers}, {j: flat[bounds[j][0]: bounds[j][1]] for j in peers}, coded,
-                  timeout, agreed=True)
+    ag = exchange(tp, {j: mine for j in peers}, {j: flat[bounds[j][0]: bounds[j][1]] for j in peers},
+                  Plan(coded, agreed=True), timeout)
     return rs, ag
 
 
@@ -116,8 +116,8 @@ def all_to_all(tp: Transport, out, inp, out_splits, in_splits, coded, timeout) -
     me = tp.rank
     dst_chunks[me].copy_(src_chunks[me])
     peers = [j for j in range(tp.world) if j != me]
-    return exchange(tp, {j: src_chunks[j] for j in peers}, {j: dst_chunks[j] for j in peers}, coded, timeout,
-                    agreed=True)
+    return exchange(tp, {j: src_chunks[j] for j in peers}, {j: dst_chunks[j] for j in peers}, Plan(coded, agreed=True),
+                    timeout)
 
 
 def rows(t: torch.Tensor) -> torch.Tensor:

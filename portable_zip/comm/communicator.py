@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import concurrent.futures
 import math
+import numbers
 import os
 import time
+import zlib
 from collections import defaultdict
 from typing import Optional, Sequence
 
@@ -14,12 +16,15 @@ import torch.distributed as dist
 from .._dtypes import code_of
 from . import collectives as coll
 from .collectives import ReduceOp
-from .errors import MismatchError, PeerError
+from . import policy as _policy
+from . import wire
+from .errors import MismatchError, PeerError, PeerTimeout
 from .policy import CODED, Policy
 from .transport import TorchDistTransport, movable
-from .wire import PROTO, WIRE_VERSION
+from .wire import CHECK_PROTO, CTRL_WORDS, SPEC_PROTO
 
 _OPS = ["send", "recv", "broadcast", "all_gather", "reduce_scatter", "all_reduce", "all_to_all"]
+_MODES = ["auto", "always", "never"]
 # Sets: membership is on every op's path.
 _REDUCIBLE = frozenset((torch.bfloat16, torch.float16, torch.float32, torch.float64))
 _FP8 = frozenset(d for d in (torch.float8_e4m3fn, torch.float8_e5m2, getattr(torch, "float8_e4m3fnuz", None),
@@ -35,9 +40,20 @@ class Work:
         self._flush = flush
 
     def wait(self, timeout: Optional[float] = None) -> bool:
+        """Block until the op is done (re-raising its error). The op itself is
+        bounded by its Communicator's timeout; timeout (seconds) only bounds
+        this wait: past it, PeerTimeout says the op is still running."""
+        if timeout is not None and not timeout >= 0:
+            raise ValueError(f"timeout must be None or >= 0 seconds, got {timeout!r}")
         if self._flush is not None:
             self._flush()
-        self._future.result(timeout)
+        try:
+            self._future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            if self._future.done():  # the op itself timed out (PeerTimeout is a TimeoutError)
+                raise
+            raise PeerTimeout(f"the op did not finish within wait(timeout={timeout:g}); it is still running, "
+                              "wait() again") from None
         return True
 
     def is_completed(self) -> bool:
@@ -70,12 +86,19 @@ class Communicator:
             raise RuntimeError("pz.Communicator needs torch.distributed.init_process_group() first")
         if compress not in ("auto", "always", "never"):
             raise ValueError(f"compress must be 'auto', 'always' or 'never', got {compress!r}")
+        if timeout is None:
+            timeout = os.environ.get("PZ_TIMEOUT", 300)
+        try:
+            self.timeout = float(timeout)
+        except (TypeError, ValueError):
+            raise TypeError(f"timeout must be a number of seconds, got {timeout!r}") from None
+        if not 0 < self.timeout < math.inf:
+            raise ValueError(f"timeout must be a positive, finite number of seconds, got {timeout!r}")
         if transport not in ("auto", "torch"):
             raise ValueError(f"transport {transport!r} is not available: this version has 'auto' and 'torch' "
                              "(torch.distributed); libfabric and uccl transports plug into the same seam")
         self.group = group if group is not None else dist.group.WORLD
         self.compress = compress
-        self.timeout = float(timeout if timeout is not None else os.environ.get("PZ_TIMEOUT", 300))
         self.tp = TorchDistTransport(self.group)
         self.rank, self.world, self.device = self.tp.rank, self.tp.world, self.tp.device
         self._cuda = self.device.type == "cuda"
@@ -98,9 +121,51 @@ class Communicator:
         # Native plans on NCCL are stream-ordered like torch.distributed's own
         # calls; PZ_SYNC_NATIVE=1 makes them wait on the host, bounded by timeout.
         self._stream_native = backend == "nccl" and os.environ.get("PZ_SYNC_NATIVE", "0") != "1"
+        self._closed = False
+        self._check_plans = False
         self.tp.connect(self.timeout)  # collective: every rank constructs its Communicator
-        if compress == "auto":
-            self.policy.calibrate(self.tp, self.group)
+        self._handshake()
+
+    def _handshake(self) -> None:
+        """Agree at construction on everything later plans read besides the
+        op's own arguments: compress mode, wire/format version, the
+        PZ_CHECK_PLANS mode, and (auto) the calibration constants."""
+        want_check = os.environ.get("PZ_CHECK_PLANS", "0") not in ("", "0")
+        cached = self.compress == "auto" and self.policy.cache_key(self.tp, self.group) in _policy._CACHE
+        spec = [SPEC_PROTO, wire.WIRE_VERSION, -1, _MODES.index(self.compress), int(want_check), int(cached)]
+        rows = self._swap_all(spec + [0] * (CTRL_WORDS - len(spec)))
+        self._screen(rows, "the constructor")
+        if any(row[3] != rows[0][3] for row in rows):
+            modes = ", ".join(f"rank {j} {_MODES[row[3]] if 0 <= row[3] < 3 else row[3]!r}" for j, row in enumerate(rows))
+            raise MismatchError(f"compress= differs between ranks: {modes}; every rank must use the same mode")
+        self._check_plans = any(row[4] for row in rows)
+        if self.compress == "auto":
+            self.policy.calibrate(self.tp, self.group, self.timeout, cached=all(row[5] for row in rows))
+
+    def _swap_all(self, spec: Sequence[int]) -> list:
+        """Every rank's CTRL_WORDS-word message (this rank's is spec), bounded by the timeout."""
+        if self.world == 1:
+            return [list(spec)]
+        mine = torch.tensor(spec, dtype=torch.int64, device=self.device)
+        peers = [j for j in range(self.world) if j != self.rank]
+        got = {j: torch.empty_like(mine) for j in peers}
+        self.tp.wait(self.tp.post([("send", mine, j) for j in peers] + [("recv", got[j], j) for j in peers]),
+                     self.timeout)
+        return [list(spec) if j == self.rank else got[j].tolist() for j in range(self.world)]
+
+    def _screen(self, rows: list, where: str) -> None:
+        """Reject rows that are not spec messages of this wire version, alike on every rank."""
+        problems = []
+        for j, row in enumerate(rows):
+            if row[0] in (wire.PROTO, CHECK_PROTO):
+                problems.append(f"rank {j} is in a send/recv exchange while rank {self.rank} is in {where}")
+            elif row[0] != SPEC_PROTO:
+                raise PeerError(f"rank {j} sent a garbled control message")
+            elif row[1] != wire.WIRE_VERSION:
+                problems.append(f"version mismatch: rank {j} speaks wire/format version {row[1] & 0xFF}/{row[1] >> 8}, "
+                                f"rank {self.rank} {wire.WIRE_VERSION & 0xFF}/{wire.WIRE_VERSION >> 8}")
+        if problems:
+            raise MismatchError("; ".join(problems))
 
     # --- plumbing -------------------------------------------------------------
     @property
@@ -119,6 +184,7 @@ class Communicator:
         return run
 
     def _submit(self, fn, async_op: bool):
+        self._open()
         self._flush()  # pending isend/irecv go first, in posting order
         if not async_op:
             # Blocking: run on this thread (no thread hop) once earlier async ops are done.
@@ -151,11 +217,19 @@ class Communicator:
             return "compressed"
         return self.policy.choose(op, dtype, nbytes, self.world)
 
+    def _open(self) -> None:
+        if self._closed:
+            raise RuntimeError("this Communicator is closed")
+
     def _check(self, t: torch.Tensor, what: str, reduce: bool = False) -> None:
+        self._open()
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{what} must be a torch.Tensor, got {type(t).__name__}")
         if not t.is_contiguous():
             raise ValueError(f"{what} must be contiguous")
+        if t.is_conj() or t.is_neg():
+            raise ValueError(f"{what} is a lazy {'conj' if t.is_conj() else 'neg'} view whose memory does not hold "
+                             "its values: call .resolve_conj() / .resolve_neg() first")
         if t.is_cuda != self._cuda:
             raise ValueError(f"{what} is on {t.device} but this communicator moves {self.device.type} tensors "
                              f"({self.backend})")
@@ -167,50 +241,58 @@ class Communicator:
 
     _PLAN_IDS = {"native": 0, "raw": 1, "compressed": 2}
 
-    def _agree(self, op: str, plan: str, fields: Sequence[int], same: Sequence[int]) -> list:
-        """Swap a spec with every peer (bounded by the timeout) so mismatched
-        dtype, size or version raises the same MismatchError on every rank.
-        same: indexes into fields that must agree on all ranks."""
-        spec = [PROTO, WIRE_VERSION, _OPS.index(op), self._PLAN_IDS[plan], *fields]
-        if self.world == 1:
-            return [spec]
-        mine = torch.tensor(spec, dtype=torch.int64, device=self.device)
-        peers = [j for j in range(self.world) if j != self.rank]
-        got = {j: torch.empty_like(mine) for j in peers}
-        self.tp.wait(self.tp.post([("send", mine, j) for j in peers] + [("recv", got[j], j) for j in peers]),
-                     self.timeout)
-        rows = [spec if j == self.rank else got[j].tolist() for j in range(self.world)]
+    def _agree(self, op: str, plan: str, dtype: torch.dtype, fields: Sequence[int], splits=None) -> None:
+        """Swap a spec with every peer (bounded by the timeout) so a mismatched
+        dtype, size, version, plan or policy state raises the same
+        MismatchError on every rank. fields (up to 4 ints) must agree on all
+        ranks; splits (all_to_all: input and output split sizes) are checked as
+        a matrix in a second round, so every rank sees every pair's mismatch."""
+        fp = self.policy.fingerprint(dtype) & 0x7FFFFFFF
+        spec = [SPEC_PROTO, wire.WIRE_VERSION, _OPS.index(op), self._PLAN_IDS[plan], fp, code_of(dtype), *fields]
+        rows = self._swap_all(spec + [0] * (CTRL_WORDS - len(spec)))
+        self._screen(rows, op)
         problems = []
+        names = {v: k for k, v in self._PLAN_IDS.items()}
         for j, row in enumerate(rows):
-            if row[0] != PROTO:
-                raise PeerError(f"rank {j} sent a garbled control message")
-            if row[1] != WIRE_VERSION:
-                problems.append(f"version mismatch: rank {j} speaks wire/format version {row[1] & 0xFF}/{row[1] >> 8}, "
-                                f"rank {self.rank} {WIRE_VERSION & 0xFF}/{WIRE_VERSION >> 8}")
-            elif row[2] != spec[2]:
-                problems.append(f"rank {j} is in {_OPS[row[2]]} while rank {self.rank} is in {op}")
+            if row[2] != spec[2]:
+                problems.append(f"rank {j} is in {_OPS[row[2]] if 0 <= row[2] < len(_OPS) else 'the constructor'} "
+                                f"while rank {self.rank} is in {op}")
             elif row[3] != rows[0][3]:
-                names = {v: k for k, v in self._PLAN_IDS.items()}
                 problems.append(f"{op}: rank {j} runs the {names.get(row[3], row[3])} plan but rank 0 the "
-                                f"{names.get(rows[0][3], rows[0][3])} plan (compress= differs between ranks)")
-            else:
-                for k in same:
-                    if row[4 + k] != rows[0][4 + k]:
-                        problems.append(f"{op}: rank {j} has {self._field(op, k, row)} but rank 0 has "
-                                        f"{self._field(op, k, rows[0])}")
+                                f"{names.get(rows[0][3], rows[0][3])} plan (the plan rule diverged)")
+            elif any(row[k] != rows[0][k] for k in range(5, 6 + len(fields))):
+                problems += [f"{op}: rank {j} has {self._field(k - 5, row)} but rank 0 has {self._field(k - 5, rows[0])}"
+                             for k in range(5, 6 + len(fields)) if row[k] != rows[0][k]]
+            elif row[4] != rows[0][4]:
+                problems.append(f"{op}: rank {j} decides from different policy state than rank 0 "
+                                f"(fingerprint {row[4]:#x} vs {rows[0][4]:#x})")
         if problems:
             raise MismatchError("; ".join(dict.fromkeys(problems)))
-        return rows
+        if splits is not None:
+            ins, outs = splits
+            mat = [[*ins, *outs] if j == self.rank else None for j in range(self.world)]
+            if self.world > 1:
+                mine = torch.tensor([*ins, *outs], dtype=torch.int64, device=self.device)
+                peers = [j for j in range(self.world) if j != self.rank]
+                got = {j: torch.empty_like(mine) for j in peers}
+                self.tp.wait(self.tp.post([("send", mine, j) for j in peers] + [("recv", got[j], j) for j in peers]),
+                             self.timeout)
+                for j in peers:
+                    mat[j] = got[j].tolist()
+            w = self.world
+            bad = [f"rank {i} sends {mat[i][j]} rows to rank {j}, which expects {mat[j][w + i]}"
+                   for i in range(w) for j in range(w) if mat[i][j] != mat[j][w + i]]
+            if bad:
+                raise MismatchError("all_to_all split mismatch: " + "; ".join(bad))
 
     @staticmethod
-    def _field(op, k, row):
+    def _field(k, row):
         from .._dtypes import CODE_TO_DTYPE
 
-        names = ["dtype", "numel", "arg"]
-        v = row[4 + k]
+        v = row[5 + k]
         if k == 0:
             return f"dtype {str(CODE_TO_DTYPE.get(v, v)).replace('torch.', '')}"
-        return f"{names[min(k, 2)]} {v}"
+        return f"{['numel', 'arg', 'arg', 'arg'][k - 1]} {v}"
 
     def _bytes(self, *ts: torch.Tensor) -> list:
         """What the native op moves: each tensor, or its uint8 view where the backend lacks the dtype."""
@@ -218,27 +300,32 @@ class Communicator:
 
     def _idle_native(self, op: str, t: torch.Tensor) -> bool:
         """Nothing queued and op on t runs native: the caller can make the one
-        torch.distributed call on this thread and skip the op's machinery."""
-        return not self._pending and not self._outstanding and self._plan(op, t.dtype, t.nbytes) == "native"
+        torch.distributed call on this thread and skip the op's machinery
+        (never under PZ_CHECK_PLANS, which checks every op's spec)."""
+        return (not self._pending and not self._outstanding and not self._check_plans
+                and self._plan(op, t.dtype, t.nbytes) == "native")
 
     def _native_now(self, op: str, t: torch.Tensor, async_op: bool) -> bool:
         """A blocking collective that runs native with no host wait (NCCL):
         auto then adds only this check to what torch costs."""
         return not async_op and self._stream_native and self._idle_native(op, t)
 
-    def _await_native(self, works) -> None:
+    def _await_native(self, works, detached: bool = False) -> None:
         """Finish native transfers the way torch.distributed does: on NCCL,
         order the current stream after them and return (no host wait, so auto
-        costs what torch costs); on gloo, wait bounded by the timeout."""
+        costs what torch costs); on gloo, wait bounded by the timeout
+        (detached: on a helper thread, for works whose wait ignores it)."""
         works = works if isinstance(works, list) else [works]
         if self._stream_native:
             for w in works:
                 w.wait()
+        elif detached and self.tp.backend == "gloo":
+            self.tp.wait_detached(works, self.timeout)
         else:
             self.tp.wait(works, self.timeout)
 
-    def _native_done(self, op: str, t0: float, works, sent: int, calls: int = 1) -> None:
-        self._await_native(works)
+    def _native_done(self, op: str, t0: float, works, sent: int, calls: int = 1, detached: bool = False) -> None:
+        self._await_native(works, detached)
         self._record(op, "native", t0, sent, sent, calls)
 
     # --- point to point -------------------------------------------------------
@@ -263,7 +350,8 @@ class Communicator:
 
     def _lone_native(self, kind: str, t: torch.Tensor, peer: int) -> bool:
         """A blocking send/recv with nothing queued whose plan is native: one
-        torch.distributed transfer, nothing else (both sides decide alike)."""
+        torch.distributed transfer, nothing else (both sides decide alike:
+        the pair's plan is a function of the pair's tensors, here just t)."""
         if not self._idle_native("send", t):
             return False
         self._native_done(kind, time.perf_counter(), self.tp.post([(kind, t, peer)]), t.nbytes if kind == "send" else 0)
@@ -284,6 +372,18 @@ class Communicator:
         self._pending.append((kind, t, peer, fut))
         return Work(fut, self._flush)
 
+    def _pair_plan(self, ts: list) -> str:
+        """The plan of one peer pair in a group, from what both sides hold
+        alike: the pair's tensors in both directions (one side's sends are the
+        other's receives), as bytes per dtype."""
+        total = defaultdict(int)
+        for t in ts:
+            total[t.dtype] += t.nbytes
+        plans = {self._plan("send", dtype, n) for dtype, n in total.items()} or {"native"}
+        if plans == {"native"}:
+            return "native"
+        return "compressed" if "compressed" in plans else "raw"
+
     def _flush(self, inline: bool = False) -> None:
         """Run the pending isend/irecv group on the worker as one exchange:
         tensors to (from) the same peer travel in posting order, in waves."""
@@ -298,15 +398,11 @@ class Communicator:
         def run():
             try:
                 t0 = time.perf_counter()
-                # Both sides of a pair see the same tensors (one's sends are the
-                # other's receives), so they derive the same plan: per dtype, on
-                # the group's total bytes, as the group moves as one transfer.
-                total = defaultdict(int)
-                for ts in [*sends.values(), *recvs.values()]:
-                    for t in ts:
-                        total[t.dtype] += t.nbytes
-                plans = {self._plan("send", dtype, n) for dtype, n in total.items()}
-                if plans == {"native"}:
+                peers = sorted(set(sends) | set(recvs))
+                pairs = {p: self._pair_plan(sends.get(p, []) + recvs.get(p, [])) for p in peers}
+                if self._check_plans:
+                    self._check_pairs(pairs, sends, recvs)
+                if set(pairs.values()) == {"native"}:
                     # Fast path: straight to torch.distributed, no extra round trip.
                     ops = [("send", t, p) for p, ts in sends.items() for t in ts] + \
                           [("recv", t, p) for p, ts in recvs.items() for t in ts]
@@ -314,9 +410,12 @@ class Communicator:
                     raw = sum(t.nbytes for ts in sends.values() for t in ts)
                     res, plan = coll.Result(raw, raw), "native"
                 else:
-                    coded = "compressed" in plans
-                    res = coll.exchange(self.tp, sends, recvs, coded, self.timeout)
-                    plan = "compressed" if coded else "raw"
+                    # Native pairs ride in the same exchange, uncompressed and
+                    # with no control round (both sides know they are native).
+                    res = coll.exchange(self.tp, sends, recvs, {
+                        p: wire.Plan(coded=pl == "compressed", agreed=pl == "native") for p, pl in pairs.items()},
+                        self.timeout)
+                    plan = "compressed" if "compressed" in pairs.values() else "raw"
                 if sends:
                     self._record("send", plan, t0, res.raw_bytes, res.wire_bytes, calls=n_send)
                 if recvs:
@@ -334,16 +433,68 @@ class Communicator:
         else:
             self._outstanding.append(self._pool.submit(self._on_stream(run)))
 
+    def _check_pairs(self, pairs: dict, sends: dict, recvs: dict) -> None:
+        """PZ_CHECK_PLANS: swap each pair's plan and a digest of its specs
+        (with the first spec each way) both ways; both sides compare the same
+        two messages and word the problem alike, so both raise alike."""
+        def specs(ts):
+            return [(code_of(t.dtype), t.numel()) for t in ts]
+
+        def digest(ts):
+            return zlib.crc32(repr(specs(ts)).encode()) & 0x7FFFFFFF
+
+        msgs = {}
+        for p, pl in pairs.items():
+            ss, rs = sends.get(p, []), recvs.get(p, [])
+            first_s = specs(ss[:1])[0] if ss else (0, 0)
+            first_r = specs(rs[:1])[0] if rs else (0, 0)
+            msgs[p] = [CHECK_PROTO, wire.WIRE_VERSION, self._PLAN_IDS[pl], len(ss), len(rs), digest(ss), digest(rs),
+                       *first_s, *first_r, 0]
+        out = {p: torch.tensor(m, dtype=torch.int64, device=self.device) for p, m in msgs.items()}
+        got = {p: torch.empty_like(t) for p, t in out.items()}
+        self.tp.wait(self.tp.post([("send", t, p) for p, t in out.items()] + [("recv", t, p) for p, t in got.items()]),
+                     self.timeout)
+        names = {v: k for k, v in self._PLAN_IDS.items()}
+        problems = []
+        for p in sorted(pairs):
+            mine, theirs = msgs[p], got[p].tolist()
+            lo, hi = sorted((self.rank, p))
+            a, b = (mine, theirs) if self.rank == lo else (theirs, mine)  # both sides word it alike
+            if theirs[0] != CHECK_PROTO:
+                problems.append(f"ranks {lo} and {hi} are not both in a send/recv group")
+                continue
+            if a[1] != b[1]:
+                problems.append(f"version mismatch: rank {lo} speaks wire/format version {a[1] & 0xFF}/{a[1] >> 8}, "
+                                f"rank {hi} {b[1] & 0xFF}/{b[1] >> 8}")
+                continue
+            for snd, rcv, x, y in ((lo, hi, a, b), (hi, lo, b, a)):  # x sends to y
+                if x[3] != y[4]:
+                    problems.append(wire._count_problem(snd, rcv, x[3], y[4], [x[7:9]], [y[9:11]]))
+                elif x[5] != y[6]:
+                    problems.append(f"size/dtype mismatch: rank {snd} sends {wire._describe(*x[7:9])}..., rank {rcv} "
+                                    f"expects {wire._describe(*y[9:11])}..." if x[3] > 1 else
+                                    f"size/dtype mismatch: rank {snd} sends {wire._describe(*x[7:9])}, rank {rcv} "
+                                    f"expects {wire._describe(*y[9:11])}")
+            if a[2] != b[2] and not problems:
+                problems.append(f"send/recv between ranks {lo} and {hi}: rank {lo} runs the {names.get(a[2])} plan, "
+                                f"rank {hi} the {names.get(b[2])} plan (the plan rule diverged)")
+        if problems:
+            raise MismatchError("; ".join(problems))
+
     def _peer(self, r: int) -> None:
-        if not 0 <= r < self.world or r == self.rank:
+        if isinstance(r, bool) or not isinstance(r, numbers.Integral) or not 0 <= r < self.world or r == self.rank:
             raise ValueError(f"peer rank {r} is not another rank of this group (size {self.world}, "
                              f"this rank {self.rank})")
 
     # --- collectives ------------------------------------------------------------
+    # A collective's plan is a function of (op, dtype, numel) and the agreed
+    # policy state, so every rank of a correct program picks the same one.
+    # Non-native plans then swap a spec (_agree) that carries the plan and the
+    # policy fingerprint; native plans skip it unless PZ_CHECK_PLANS is on.
     def broadcast(self, t: torch.Tensor, src: int, async_op: bool = False):
         self._check(t, "broadcast tensor")
-        if not 0 <= src < self.world:
-            raise ValueError(f"src {src} is not a rank of this group (size {self.world})")
+        self._rank_arg(src, "src")
+
         def native():
             return dist.broadcast(*self._bytes(t), self.tp.global_rank(src), group=self.group, async_op=True)
 
@@ -353,11 +504,14 @@ class Communicator:
 
         def run():
             t0, plan = time.perf_counter(), self._plan("broadcast", t.dtype, t.nbytes)
+            if plan == "native" and not self._check_plans:
+                return self._native_done("broadcast", t0, native(), sent)
+            self._agree("broadcast", plan, t.dtype, [t.numel(), src])
             if plan == "native":
                 return self._native_done("broadcast", t0, native(), sent)
-            self._agree("broadcast", plan, [code_of(t.dtype), t.numel(), src], same=[0, 1, 2])
             res = coll.broadcast(self.tp, t, src, plan == "compressed", self.timeout)
-            self.policy.observe(res.streams if self.rank != src else res.streams[:1])
+            # Every rank sees each piece's stream once: the source its own, the others the received ones.
+            self.policy.observe(res.streams)
             self._record("broadcast", plan, t0, res.raw_bytes, res.wire_bytes)
         return self._submit(run, async_op)
 
@@ -367,6 +521,10 @@ class Communicator:
         if out.dtype != inp.dtype or out.numel() != self.world * inp.numel():
             raise ValueError(f"all_gather output must be {inp.dtype} with world_size * input numel = "
                              f"{self.world * inp.numel()} elements, got {out.dtype} with {out.numel()}")
+        own = out.reshape(-1)[self.rank * inp.numel():(self.rank + 1) * inp.numel()]
+        if _overlap(out, inp) and not (inp.data_ptr() == own.data_ptr() or inp.numel() == 0):
+            inp = inp.clone()  # overlapping out anywhere but its own slot: receives would overwrite it
+
         def native():
             return coll.all_gather_native(*self._bytes(out, inp), group=self.group, async_op=True)
 
@@ -376,11 +534,13 @@ class Communicator:
 
         def run():
             t0, plan = time.perf_counter(), self._plan("all_gather", inp.dtype, inp.nbytes)
+            if plan == "native" and not self._check_plans:
+                return self._native_done("all_gather", t0, native(), sent)
+            self._agree("all_gather", plan, inp.dtype, [inp.numel()])
             if plan == "native":
                 return self._native_done("all_gather", t0, native(), sent)
-            self._agree("all_gather", plan, [code_of(inp.dtype), inp.numel()], same=[0, 1])
             res = coll.all_gather(self.tp, out, inp, plan == "compressed", self.timeout)
-            self.policy.observe(res.streams)
+            self.policy.observe(res.streams)  # every rank's stream, once each, on every rank
             self._record("all_gather", plan, t0, res.raw_bytes, res.wire_bytes)
         return self._submit(run, async_op)
 
@@ -393,14 +553,17 @@ class Communicator:
         if out.dtype != inp.dtype or inp.numel() != self.world * out.numel():
             raise ValueError(f"reduce_scatter input must be {out.dtype} with world_size * output numel = "
                              f"{self.world * out.numel()} elements, got {inp.dtype} with {inp.numel()}")
+        if _overlap(out, inp):
+            inp = inp.clone()
 
         def run():
             t0, plan = time.perf_counter(), self._plan("reduce_scatter", inp.dtype, inp.nbytes)
+            if self._check_plans or plan != "native":
+                self._agree("reduce_scatter", plan, inp.dtype, [inp.numel(), list(ReduceOp).index(op)])
             if plan == "native":
                 w = coll.reduce_scatter_native(out, inp, op=op.native(), group=self.group, async_op=True)
-                return self._native_done("reduce_scatter", t0, w, out.nbytes * (self.world - 1))
-            self._agree("reduce_scatter", plan, [code_of(inp.dtype), inp.numel(), list(ReduceOp).index(op)],
-                        same=[0, 1, 2])
+                # gloo's reduce_scatter ignores wait(timeout): wait on a helper thread.
+                return self._native_done("reduce_scatter", t0, w, out.nbytes * (self.world - 1), detached=True)
             res = coll.reduce_scatter(self.tp, out, inp, op, plan == "compressed", self.timeout)
             self._record("reduce_scatter", plan, t0, res.raw_bytes, res.wire_bytes)
         return self._submit(run, async_op)
@@ -420,11 +583,13 @@ class Communicator:
 
         def run():
             t0, plan = time.perf_counter(), self._plan("all_reduce", t.dtype, t.nbytes)
+            if plan == "native" and not self._check_plans:
+                return self._native_done("all_reduce", t0, native(), sent)
+            self._agree("all_reduce", plan, t.dtype, [t.numel(), list(ReduceOp).index(op)])
             if plan == "native":
                 return self._native_done("all_reduce", t0, native(), sent)
-            self._agree("all_reduce", plan, [code_of(t.dtype), t.numel(), list(ReduceOp).index(op)], same=[0, 1, 2])
             rs, ag = coll.all_reduce(self.tp, t, op, plan == "compressed", self.timeout)
-            self.policy.observe(ag.streams)
+            self.policy.observe(ag.streams)  # the all-gather phase: every shard's stream on every rank
             self._record("all_reduce", plan, t0, rs.raw_bytes + ag.raw_bytes, rs.wire_bytes + ag.wire_bytes)
         return self._submit(run, async_op)
 
@@ -436,23 +601,23 @@ class Communicator:
             raise ValueError("all_to_all input and output must share a dtype and have at least one dimension")
         in_splits = self._splits(input_split_sizes, inp, "input")
         out_splits = self._splits(output_split_sizes, out, "output")
-        if math.prod(inp.shape[1:]) != math.prod(out.shape[1:]):
-            raise ValueError(f"all_to_all input rows have {math.prod(inp.shape[1:])} elements but output rows "
+        row = math.prod(inp.shape[1:])
+        if row != math.prod(out.shape[1:]):
+            raise ValueError(f"all_to_all input rows have {row} elements but output rows "
                              f"{math.prod(out.shape[1:])}")
+        if _overlap(out, inp):
+            inp = inp.clone()  # in place: receives would overwrite rows not yet sent
 
         def run():
             t0, plan = time.perf_counter(), self._plan("all_to_all", inp.dtype, inp.nbytes)
+            if self._check_plans or plan != "native":
+                # Every rank checks the whole split matrix, so all raise alike.
+                self._agree("all_to_all", plan, inp.dtype, [row], splits=(in_splits, out_splits))
             if plan == "native":
                 w = dist.all_to_all_single(coll.row_bytes(out), coll.row_bytes(inp), out_splits, in_splits,
                                            group=self.group, async_op=True)
                 sent = inp.nbytes - in_splits[self.rank] * (inp.nbytes // max(inp.shape[0], 1))
                 return self._native_done("all_to_all", t0, w, sent)
-            # Rank j's input split for rank i must equal rank i's output split from j.
-            rows = self._agree("all_to_all", plan, [code_of(inp.dtype), *in_splits, *out_splits], same=[0])
-            for j, row in enumerate(rows):
-                if row[5 + self.rank] != out_splits[j]:
-                    raise MismatchError(f"all_to_all split mismatch: rank {j} sends {row[5 + self.rank]} rows to "
-                                        f"rank {self.rank}, which expects {out_splits[j]}")
             res = coll.all_to_all(self.tp, out, inp, out_splits, in_splits, plan == "compressed", self.timeout)
             self._record("all_to_all", plan, t0, res.raw_bytes, res.wire_bytes)
         return self._submit(run, async_op)
@@ -464,15 +629,37 @@ class Communicator:
                 raise ValueError(f"all_to_all {what} has {rows} rows, not divisible by world size {self.world}; "
                                  f"pass {what}_split_sizes")
             return [rows // self.world] * self.world
+        splits = list(splits)
+        if any(isinstance(s, bool) or not isinstance(s, (numbers.Integral, torch.SymInt)) for s in splits):
+            raise TypeError(f"all_to_all {what}_split_sizes must be integers, got {splits}")
         splits = [int(s) for s in splits]
         if len(splits) != self.world or any(s < 0 for s in splits) or sum(splits) != rows:
             raise ValueError(f"all_to_all {what}_split_sizes {splits} must be {self.world} non-negative sizes "
                              f"summing to {rows} rows")
         return splits
 
+    def _rank_arg(self, r, what: str) -> None:
+        if isinstance(r, bool) or not isinstance(r, numbers.Integral) or not 0 <= r < self.world:
+            raise ValueError(f"{what} {r!r} is not a rank of this group (size {self.world})")
+
     def close(self) -> None:
-        self._flush()
-        self._pool.shutdown(wait=True)
+        """Finish queued ops and release the worker; later ops raise."""
+        if self._closed:
+            return
+        try:
+            self._flush()
+            self._drain()
+        finally:
+            self._closed = True
+            self._pool.shutdown(wait=True)
 
     def __repr__(self) -> str:
         return f"Communicator(rank={self.rank}, world={self.world}, compress={self.compress!r}, {self.backend})"
+
+
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two contiguous tensors share any byte of memory."""
+    if a.device != b.device or not a.nbytes or not b.nbytes:
+        return False
+    a0, b0 = a.data_ptr(), b.data_ptr()
+    return a0 < b0 + b.nbytes and b0 < a0 + a.nbytes

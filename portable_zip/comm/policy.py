@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import time
+import zlib
 from dataclasses import dataclass, field
 from typing import Dict, Optional
 
@@ -25,7 +26,7 @@ from .wire import piece_bytes
 CODED = (torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn, torch.float8_e5m2)
 PRIOR_RATIO = {torch.bfloat16: 0.67, torch.float16: 0.85, torch.float32: 0.84,
                torch.float8_e4m3fn: 0.78, torch.float8_e5m2: 0.70}
-_CACHE: Dict[tuple, "Calibration"] = {}
+_CACHE: Dict[tuple, tuple] = {}  # (Calibration, agreed margin) per group and overrides
 _NATIVE_MEASURED = ("send", "all_gather", "all_reduce")
 # Host time of a compressed exchange beyond its latency rounds (alpha, measured
 # with the same post-and-wait, already holds most of it): launches and header
@@ -69,13 +70,20 @@ class Policy:
         self._decided: Dict[tuple, str] = {}
 
     # --- calibration -----------------------------------------------------
-    def calibrate(self, tp: Transport, group) -> Calibration:
-        key = (tp.name, tp.world, str(tp.device.type), id(group), self.link_gbps, self.latency_us, self.codec_gbps)
-        if key in _CACHE:
-            self.cal = _CACHE[key]
+    def cache_key(self, tp: Transport, group) -> tuple:
+        return (tp.name, tp.world, str(tp.device.type), id(group), self.link_gbps, self.latency_us, self.codec_gbps)
+
+    def calibrate(self, tp: Transport, group, timeout: float, cached: bool) -> Calibration:
+        """Measure (or, where every rank has it cached, reuse) the constants,
+        and agree on them: each rank ends with the same figures and margin.
+        Collective: every rank calls it with the same `cached` (the
+        constructor's handshake agrees on it). Every wait is bounded by timeout."""
+        key = self.cache_key(tp, group)
+        if cached:
+            self.cal, self.margin = _CACHE[key]
             return self.cal
-        alpha, beta = self._measure_link(tp)
-        native = {op: self._measure_native(op, tp, group) for op in _NATIVE_MEASURED}
+        alpha, beta = self._measure_link(tp, timeout)
+        native = {op: self._measure_native(op, tp, group, timeout) for op in _NATIVE_MEASURED}
         if self.link_gbps:
             beta = 1e-9 / self.link_gbps
             native = {"send": (native["send"][0], beta),
@@ -91,21 +99,30 @@ class Policy:
                 comp[dt], decomp[dt] = self._measure_codec(dt, tp.device)
         # Agree on the slowest rank's figures so every rank decides alike.
         vec = torch.tensor([alpha, beta] + [comp[d] for d in CODED] + [decomp[d] for d in CODED]
-                           + [v for op in _NATIVE_MEASURED for v in native[op]],
+                           + [v for op in _NATIVE_MEASURED for v in native[op]] + [self.margin],
                            dtype=torch.float64, device=tp.device)
         if tp.world > 1:
-            dist.all_reduce(vec, op=dist.ReduceOp.MAX, group=group)
+            tp.wait([dist.all_reduce(vec, op=dist.ReduceOp.MAX, group=group, async_op=True)], timeout)
         v = vec.tolist()
+        self.margin = v[-1]
         n = len(CODED)
         source = "overridden" if (self.link_gbps and self.codec_gbps) else "measured"
         at = 2 + 2 * n
         self.cal = Calibration(v[0], v[1], dict(zip(CODED, v[2:2 + n])), dict(zip(CODED, v[2 + n:at])), source,
                                {op: tuple(v[at + 2 * i: at + 2 * i + 2]) for i, op in enumerate(_NATIVE_MEASURED)})
-        _CACHE[key] = self.cal
+        _CACHE[key] = (self.cal, self.margin)
         return self.cal
 
+    def fingerprint(self, dtype: torch.dtype) -> int:
+        """A hash of everything a decision for dtype reads: equal on every
+        rank when the agreement rule holds (PZ_CHECK_PLANS compares it)."""
+        c = self.cal
+        facts = (self.margin, self.ratio.get(dtype), None if c is None else
+                 (c.alpha, c.beta, c.compress.get(dtype), c.decompress.get(dtype), sorted(c.native.items())))
+        return zlib.crc32(repr(facts).encode())
+
     @staticmethod
-    def _measure_link(tp: Transport):
+    def _measure_link(tp: Transport, timeout: float):
         if tp.world == 1:
             return 0.0, 0.0
         small, big = (64 << 10, 16 << 20) if tp.device.type == "cuda" else (16 << 10, 2 << 20)
@@ -114,12 +131,12 @@ class Policy:
         def ring(size):
             a = torch.empty(size, dtype=torch.uint8, device=tp.device)
             b = torch.empty(size, dtype=torch.uint8, device=tp.device)
-            return lambda: tp.wait(tp.post([("send", a, nxt), ("recv", b, prv)]), 60.0)
+            return lambda: tp.wait(tp.post([("send", a, nxt), ("recv", b, prv)]), timeout)
 
         return _alpha_beta(ring, small, big, tp.device)
 
     @staticmethod
-    def _measure_native(op: str, tp: Transport, group):
+    def _measure_native(op: str, tp: Transport, group, timeout: float):
         """(alpha, beta per input byte) of torch.distributed's own collective."""
         if tp.world == 1:
             return 0.0, 0.0
@@ -133,10 +150,14 @@ class Policy:
                 if peer >= tp.world:
                     return lambda: None
                 kind = "send" if tp.rank % 2 == 0 else "recv"
-                return lambda: tp.wait(tp.post([(kind, t, peer)]), 60.0)
+                return lambda: tp.wait(tp.post([(kind, t, peer)]), timeout)
             out = torch.empty(tp.world * t.numel(), dtype=t.dtype, device=tp.device)
-            run = (lambda: all_gather_native(out, t, group=group)) if op == "all_gather" else \
-                (lambda: dist.all_reduce(t, group=group))
+            if op == "all_gather":
+                def run():
+                    tp.wait([all_gather_native(out, t, group=group, async_op=True)], timeout)
+            else:
+                def run():
+                    tp.wait([dist.all_reduce(t, group=group, async_op=True)], timeout)
             run()  # warm-up
             return run
 

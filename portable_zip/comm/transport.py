@@ -5,6 +5,7 @@ methods."""
 from __future__ import annotations
 
 import datetime
+import threading
 import time
 from typing import List, Protocol, Sequence, Tuple
 
@@ -97,6 +98,26 @@ class TorchDistTransport:
                                                       self.global_rank(peer), self.group) for kind, t, peer in ops])
         except RuntimeError as e:
             raise PeerError(f"{self.name}: posting {len(ops)} transfers failed: {e}") from e
+
+    def wait_detached(self, works: List[object], timeout: float) -> None:
+        """wait() for works whose own wait ignores its timeout (gloo's
+        reduce_scatter blocks until the peer answers or dies): a helper thread
+        waits, this one gives up at the deadline. The group is unusable after
+        a timeout anyway, so the stuck helper is left to torch's own timeout."""
+        done, box = threading.Event(), []
+
+        def run():
+            try:
+                self.wait(works, timeout)
+            except BaseException as e:  # noqa: BLE001 - re-raised on the caller's thread
+                box.append(e)
+            done.set()
+
+        threading.Thread(target=run, name="pz-wait", daemon=True).start()
+        if not done.wait(timeout):
+            raise PeerTimeout(f"{self.name}: a peer did not answer within {timeout:g} s")
+        if box:
+            raise box[0]
 
     def wait(self, works: List[object], timeout: float) -> None:
         deadline = time.monotonic() + timeout

@@ -36,7 +36,9 @@ from .._dtypes import code_of
 from .errors import MismatchError, PeerError
 from .transport import Transport
 
-PROTO = 0x505A4331  # "PZC1"
+PROTO = 0x505A4331  # "PZC1": a send/recv control message
+SPEC_PROTO = 0x505A4353  # "PZCS": a collective's (or the constructor's) spec message; same length
+CHECK_PROTO = 0x505A434B  # "PZCK": a send/recv group's plan check (PZ_CHECK_PLANS); same length
 WIRE_VERSION = 1 + (_C.format_version << 8)  # protocol 1 carrying stream format N
 PLAN_RAW, PLAN_CODED = 1, 2
 PIECE_MIN_BYTES, PIECE_MAX_BYTES = 16 << 20, 128 << 20
@@ -45,6 +47,16 @@ WAVE_BYTES = 32 << 20  # each wave costs ~0.2-0.5 ms of host work (PZ_TRACE): fe
 CTRL_WORDS = 12
 _TRACE = bool(os.environ.get("PZ_TRACE"))
 _marks: list = []  # the current exchange's start time, then its steps
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How one peer pair's transfers move. coded: compress what can be.
+    agreed: both sides derived each other's specs already (a collective's spec
+    swap, or a pair both sides run raw by the same rule), so the control
+    round is skipped for the pair and each side derives the peer's messages."""
+    coded: bool
+    agreed: bool = False
 
 
 @dataclass
@@ -180,41 +192,43 @@ def _spec_recv(t):
     return [code_of(t.dtype), t.numel()]
 
 
-def exchange(tp: Transport, sends: Dict[int, object], recvs: Dict[int, object], coded: bool,
-             timeout: float, agreed: bool = False) -> Result:
+def exchange(tp: Transport, sends: Dict[int, object], recvs: Dict[int, object], plan,
+             timeout: float) -> Result:
     """Send sends[peer] to each peer and receive recvs[peer] from each: one
     tensor or a list (sent in order) per peer, every tensor contiguous on the
-    transport's device. coded: compress what can be. agreed: the ranks have
-    already checked dtypes, sizes and versions with each other (collectives
-    do), so each side derives the peer's control message and round 1 is skipped."""
+    transport's device. plan: a Plan for every pair, or {peer: Plan}. Pairs
+    whose plan is not agreed swap control messages first (round 1)."""
     res = Result()
     _mark(None)
     sends, recvs = _as_lists(sends), _as_lists(recvs)
     dev = tp.device
+    peers = sorted(set(sends) | set(recvs))
+    pair = {p: plan if isinstance(plan, Plan) else plan[p] for p in peers}
 
-    def plans_of(ts):
-        return [PLAN_CODED if coded and _layout(t)["coded"] else PLAN_RAW for t in ts]
+    def plans_of(ts, p):
+        return [PLAN_CODED if pair[p].coded and _layout(t)["coded"] else PLAN_RAW for t in ts]
 
     def pieces_of(ts, plans):
         return [piece_elems(t.numel(), t.element_size()) if pl == PLAN_CODED else 0 for t, pl in zip(ts, plans)]
 
-    out_plan = {p: plans_of(ts) for p, ts in sends.items()}
+    out_plan = {p: plans_of(ts, p) for p, ts in sends.items()}
     out_piece = {p: pieces_of(ts, out_plan[p]) for p, ts in sends.items()}
 
     # Round 1: control messages (a second one when a peer pair moves more than one tensor).
-    peers = sorted(set(sends) | set(recvs))
     mine = {}
     for p in peers:
         ss = [_spec_send(t, pl, pc) for t, pl, pc in zip(sends.get(p, []), out_plan.get(p, []), out_piece.get(p, []))]
         rs = [_spec_recv(t) for t in recvs.get(p, [])]
         mine[p] = (ss, rs)
-    if agreed:
-        in_plan = {p: plans_of(ts) for p, ts in recvs.items()}
-        in_piece = {p: pieces_of(ts, in_plan[p]) for p, ts in recvs.items()}
-    else:
-        theirs = _swap_control(tp, peers, mine, timeout)
+    in_plan = {p: plans_of(ts, p) for p, ts in recvs.items() if pair[p].agreed}
+    in_piece = {p: pieces_of(ts, in_plan[p]) for p, ts in recvs.items() if pair[p].agreed}
+    talk = [p for p in peers if not pair[p].agreed]
+    if talk:
+        theirs = _swap_control(tp, talk, mine, timeout)
         _mark("control swapped")
-        in_plan, in_piece = _check_control(tp.rank, peers, mine, theirs)
+        plans, pieces = _check_control(tp.rank, talk, mine, theirs)
+        in_plan.update((p, v) for p, v in plans.items() if p in recvs)
+        in_piece.update((p, v) for p, v in pieces.items() if p in recvs)
 
     # Each direction's message sequence, cut into waves.
     keys = {p: [(t.data_ptr(), t.numel(), t.dtype) for t in ts] for p, ts in sends.items()}
@@ -412,6 +426,9 @@ def _check_control(rank: int, peers: List[int], mine: Dict[int, tuple], theirs: 
     problems, plans, pieces = [], {}, {}
     for p in peers:
         (my_ss, my_rs), (m, ss, rs) = mine[p], theirs[p]
+        if m[0] in (SPEC_PROTO, CHECK_PROTO):
+            problems.append(f"rank {p} is in a collective while rank {rank} is in a send/recv exchange")
+            continue
         if m[0] != PROTO:
             raise PeerError(f"rank {p} sent a garbled control message (not a portable_zip peer?)")
         if m[1] != WIRE_VERSION:
