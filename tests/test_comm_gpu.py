@@ -44,3 +44,25 @@ def test_nccl_pipelined_pieces(monkeypatch):
     passed = ok(comm_harness.run(2, comm_workers.battery, seed, sizes, deadline=300, backend="nccl"))
     expected = len(sizes) * (4 * 2 * 5 + 4 * 2 * 3) + 2 * 3 * 4
     assert all(n == expected for n in passed.values()), (seed, expected, passed)
+
+
+# Issue 9 on NCCL (2 GPUs: the 3-4 rank cases run on gloo in CI).
+def test_nccl_learned_ratio_agrees():
+    seed = int(np.random.default_rng().integers(0, 2**31))
+    ratios = ok(comm_harness.run(2, comm_workers.learned_ratio, seed, deadline=300, backend="nccl"))
+    assert len(set(ratios.values())) == 1, ratios
+
+
+def test_nccl_split_mismatch_raises_everywhere():
+    res = ok(comm_harness.run(2, comm_workers.split_mismatch, deadline=120, backend="nccl"))
+    assert all(msg and "rank 1 sends 3 rows to rank 0, which expects 2" in msg for msg in res.values()), res
+
+
+def test_nccl_in_place_all_to_all():
+    ok(comm_harness.run(2, comm_workers.inplace_all_to_all, int(np.random.default_rng().integers(0, 2**31)),
+                        deadline=300, backend="nccl"))
+
+
+def test_nccl_plans_agree_under_check():
+    seed = int(np.random.default_rng().integers(0, 2**31))
+    ok(comm_harness.run(2, comm_workers.agreement_battery, seed, 60, deadline=600, backend="nccl"))

@@ -141,4 +141,6 @@ reduce_scatter_native = getattr(dist, "reduce_scatter_single", None) or dist.red
 
 def row_bytes(t: torch.Tensor) -> torch.Tensor:
     r = rows(t)
-    return r.view(torch.uint8) if r.shape[1] else torch.empty(r.shape[0], 0, dtype=torch.uint8, device=t.device)
+    if not t.numel():  # any stride is legal on an empty tensor; view() is not
+        return torch.empty(r.shape[0], r.shape[1] * t.element_size(), dtype=torch.uint8, device=t.device)
+    return r.view(torch.uint8)

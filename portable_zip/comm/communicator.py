@@ -16,7 +16,6 @@ import torch.distributed as dist
 from .._dtypes import code_of
 from . import collectives as coll
 from .collectives import ReduceOp
-from . import policy as _policy
 from . import wire
 from .errors import MismatchError, PeerError, PeerTimeout
 from .policy import CODED, Policy
@@ -131,7 +130,7 @@ class Communicator:
         op's own arguments: compress mode, wire/format version, the
         PZ_CHECK_PLANS mode, and (auto) the calibration constants."""
         want_check = os.environ.get("PZ_CHECK_PLANS", "0") not in ("", "0")
-        cached = self.compress == "auto" and self.policy.cache_key(self.tp, self.group) in _policy._CACHE
+        cached = self.compress == "auto" and self.policy.has_cached(self.tp, self.group)
         spec = [SPEC_PROTO, wire.WIRE_VERSION, -1, _MODES.index(self.compress), int(want_check), int(cached)]
         rows = self._swap_all(spec + [0] * (CTRL_WORDS - len(spec)))
         self._screen(rows, "the constructor")

@@ -3,15 +3,17 @@
 
 Link: alpha (latency) + beta (seconds per byte), measured once per group with
 a ring exchange. Codec: measured compress/decompress throughput per dtype on
-this device. Ratio: a running estimate per dtype. All inputs that feed a
-collective's decision are agreed across ranks (the slowest rank's figures), so
-every rank picks the same plan. Overrides: arguments or PZ_LINK_GBPS,
+this device. Ratio: a running estimate per dtype, updated only from streams
+every rank sees alike. All inputs that feed a decision are agreed across ranks
+(the slowest rank's figures, and the margin), so every rank picks the same
+plan (the rule: docs/COMM.md). Overrides: arguments or PZ_LINK_GBPS,
 PZ_LINK_LATENCY_US, PZ_CODEC_GBPS, PZ_POLICY_MARGIN.
 """
 from __future__ import annotations
 
 import os
 import time
+import weakref
 import zlib
 from dataclasses import dataclass, field
 from typing import Dict, Optional
@@ -26,7 +28,9 @@ from .wire import piece_bytes
 CODED = (torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn, torch.float8_e5m2)
 PRIOR_RATIO = {torch.bfloat16: 0.67, torch.float16: 0.85, torch.float32: 0.84,
                torch.float8_e4m3fn: 0.78, torch.float8_e5m2: 0.70}
-_CACHE: Dict[tuple, tuple] = {}  # (Calibration, agreed margin) per group and overrides
+# group -> {overrides: (Calibration, agreed margin)}; weak, so a destroyed
+# group's figures never serve a new group that reuses its address.
+_CACHE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _NATIVE_MEASURED = ("send", "all_gather", "all_reduce")
 # Host time of a compressed exchange beyond its latency rounds (alpha, measured
 # with the same post-and-wait, already holds most of it): launches and header
@@ -70,17 +74,20 @@ class Policy:
         self._decided: Dict[tuple, str] = {}
 
     # --- calibration -----------------------------------------------------
-    def cache_key(self, tp: Transport, group) -> tuple:
-        return (tp.name, tp.world, str(tp.device.type), id(group), self.link_gbps, self.latency_us, self.codec_gbps)
+    def _key(self, tp: Transport) -> tuple:
+        return (tp.name, tp.world, str(tp.device.type), self.link_gbps, self.latency_us, self.codec_gbps, self.margin)
+
+    def has_cached(self, tp: Transport, group) -> bool:
+        return self._key(tp) in _CACHE.get(group, {})
 
     def calibrate(self, tp: Transport, group, timeout: float, cached: bool) -> Calibration:
         """Measure (or, where every rank has it cached, reuse) the constants,
         and agree on them: each rank ends with the same figures and margin.
         Collective: every rank calls it with the same `cached` (the
         constructor's handshake agrees on it). Every wait is bounded by timeout."""
-        key = self.cache_key(tp, group)
+        key = self._key(tp)
         if cached:
-            self.cal, self.margin = _CACHE[key]
+            self.cal, self.margin = _CACHE[group][key]
             return self.cal
         alpha, beta = self._measure_link(tp, timeout)
         native = {op: self._measure_native(op, tp, group, timeout) for op in _NATIVE_MEASURED}
@@ -110,7 +117,7 @@ class Policy:
         at = 2 + 2 * n
         self.cal = Calibration(v[0], v[1], dict(zip(CODED, v[2:2 + n])), dict(zip(CODED, v[2 + n:at])), source,
                                {op: tuple(v[at + 2 * i: at + 2 * i + 2]) for i, op in enumerate(_NATIVE_MEASURED)})
-        _CACHE[key] = (self.cal, self.margin)
+        _CACHE.setdefault(group, {})[key] = (self.cal, self.margin)
         return self.cal
 
     def fingerprint(self, dtype: torch.dtype) -> int:

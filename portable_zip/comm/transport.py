@@ -30,6 +30,8 @@ class Transport(Protocol):
 
 def as_bytes(t: torch.Tensor) -> torch.Tensor:
     """A uint8 view of a contiguous tensor: every backend moves every dtype."""
+    if not t.numel():  # an empty tensor may carry any stride (numpy's have 0), which view() rejects
+        return torch.empty(0, dtype=torch.uint8, device=t.device)
     return t.reshape(-1).view(torch.uint8) if t.dtype != torch.uint8 else t.reshape(-1)
 
 
