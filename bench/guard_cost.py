@@ -64,9 +64,13 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--reps", type=int, default=200)
     p.add_argument("--numel", type=int, default=2048)
+    p.add_argument("--backend", default=None, help="gloo or nccl (default: nccl with 2 GPUs, else gloo)")
     p.add_argument("--json", default=None)
     a = p.parse_args()
-    res = comm_bench.spawn(2, _worker, a.reps, a.numel)
+    results = comm_bench.run_ranks(2, _worker, a.reps, a.numel, backend=a.backend)
+    if any(s != "ok" for s, _ in results.values()):
+        raise RuntimeError(f"benchmark workers failed: {results}")
+    res = results[0][1]
     print_table(res["rows"], ["op", "bytes", "torch_us", "auto_us", "auto+check_us", "never_us", "guard_us"],
                 f"per-op µs, 2 ranks over {res['backend']} (median of {a.reps})")
     doc = {"machine": machine_info(), **res}
