@@ -532,3 +532,38 @@ def agreement_battery(rank, world, seed, n_ops):
     check(any("compressed" in p for p in plans.values()) and any("native" in p for p in plans.values()),
           f"the battery should mix plans: {plans}")
     return plans
+
+
+def auto_mismatch(rank, world, kind):
+    """Defect 3: under compress="auto" with PZ_CHECK_PLANS=1, programs that
+    mismatch in an op auto sends native raise MismatchError on every rank
+    (without the check they behave as torch.distributed does: docs/COMM.md)."""
+    os.environ["PZ_CHECK_PLANS"] = "1"
+    comm = pz.Communicator(compress="auto", timeout=30)
+    n = 100 + rank  # every kind below disagrees on size (or dtype) between ranks
+    try:
+        if kind == "all_reduce":
+            comm.all_reduce(torch.zeros(n, dtype=torch.float32, device=device()))
+        elif kind == "all_gather":
+            comm.all_gather_single(empty(world * n, dtype=torch.bfloat16), empty(n, dtype=torch.bfloat16))
+        elif kind == "reduce_scatter":
+            comm.reduce_scatter_single(empty(n, dtype=torch.float32), empty(world * n, dtype=torch.float32))
+        elif kind == "all_to_all":
+            comm.all_to_all_single(empty(world * n, 1, dtype=torch.float16), empty(world * n, 1, dtype=torch.float16))
+        elif kind == "dtype":
+            dt = torch.bfloat16 if rank == 0 else torch.float16
+            comm.all_gather_single(empty(world * 100, dtype=dt), empty(100, dtype=dt))
+        elif kind == "recv_larger":
+            if rank == 0:
+                comm.send(torch.zeros(100, device=device()), 1)
+            else:
+                comm.recv(torch.zeros(200, device=device()), 0)
+    except pz.MismatchError as e:
+        # The communicator stays usable: a matched op afterwards is exact.
+        t = data(3, rank, 0, 1000, torch.float32, integer=True)
+        ref = t.clone()
+        comm.all_reduce(t)
+        dist.all_reduce(ref)
+        check(same(t, ref), "all_reduce after a caught mismatch")
+        return type(e).__name__, str(e)
+    raise AssertionError(f"{kind}: no MismatchError under PZ_CHECK_PLANS")

@@ -147,3 +147,11 @@ def test_argument_errors_are_local():
 def test_plans_agree_under_check(world):
     seed = _seed()
     ok(comm_harness.run(world, comm_workers.agreement_battery, seed, 40, deadline=600))
+
+
+@pytest.mark.parametrize("kind,world", [(k, w) for k in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all",
+                                                         "dtype") for w in (2, 3)] + [("recv_larger", 2)])
+def test_auto_mismatch_raises_under_check(kind, world):
+    res = ok(comm_harness.run(world, comm_workers.auto_mismatch, kind, deadline=120))
+    for r, (name, msg) in res.items():
+        assert name == "MismatchError", (r, msg)
