@@ -607,13 +607,17 @@ def table(results, scenarios):
 
 
 if __name__ == "__main__":
-    # python -P tests/comm_failure_workers.py [--nccl] [world ...]: run the matrix, print the table.
+    # python -P tests/comm_failure_workers.py [--nccl] [--only=OP,...] [world ...]: run the matrix, print the table.
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import comm_failure_workers as cfw  # the importable copy, for the spawned zygote
 
+    # --only=OP,... keeps the cells of those ops (a bounded run on the GPU machine).
     nccl = "--nccl" in sys.argv
-    worlds = [int(w) for w in sys.argv[1:] if w != "--nccl"] or ([2] if nccl else [3, 2])
+    only = [a.split("=", 1)[1].split(",") for a in sys.argv[1:] if a.startswith("--only=")]
+    worlds = [int(w) for w in sys.argv[1:] if not w.startswith("--")] or ([2] if nccl else [3, 2])
     scs = [s for w in worlds for s in cfw.matrix_scenarios(w)] + ([] if nccl else cfw.reinit_scenarios())
+    if only:
+        scs = [s for s in scs if any(f"-{op}-" in s.name for op in only[0])]
     t = time.monotonic()
     res = cfw.run_scenarios(scs, backend="nccl" if nccl else "gloo", parallel=1 if nccl else 3)
     print(cfw.table(res, [s for s in scs if s.kind == "matrix"]))

@@ -567,3 +567,50 @@ def auto_mismatch(rank, world, kind):
         check(same(t, ref), "all_reduce after a caught mismatch")
         return type(e).__name__, str(e)
     raise AssertionError(f"{kind}: no MismatchError under PZ_CHECK_PLANS")
+
+
+def uneven_all_to_all_auto(rank, world, seed):
+    """Review finding: uneven splits give each rank different input bytes; the
+    auto plan must come from the agreed split matrix, the same on every rank."""
+    comm = slow_link_auto()
+    rows = [[3 if i == 0 else 600_000 for _ in range(world)] for i in range(world)]  # rank 0 sends little
+    inp = data(seed, rank, 0, sum(rows[rank]), torch.bfloat16).reshape(-1, 1)
+    out = empty(sum(rows[j][rank] for j in range(world)), 1, dtype=torch.bfloat16)
+    comm.all_to_all_single(out, inp, [rows[j][rank] for j in range(world)], rows[rank])
+    want = torch.cat([data(seed, j, 0, sum(rows[j]), torch.bfloat16)[sum(rows[j][:rank]): sum(rows[j][:rank + 1])]
+                      for j in range(world)])
+    check(same(out.reshape(-1), want), "uneven all_to_all under auto")
+    return dict(comm.stats["all_to_all"]["plans"])
+
+
+def async_then_direct(rank, world, seed):
+    """Review finding: an async op of ours, then the caller's own collective on
+    the same group, then wait(): our ops run on a private group, so neither
+    reads the other's bytes."""
+    comm = pz.Communicator(compress="always", timeout=30)
+    for i in range(20):
+        x = data(seed, rank, i, 3000, torch.float32, integer=True)
+        y = data(seed, rank, 100 + i, 3000, torch.float32, integer=True)
+        want_x = sum(data(seed, r, i, 3000, torch.float32, integer=True) for r in range(world))
+        want_y = sum(data(seed, r, 100 + i, 3000, torch.float32, integer=True) for r in range(world))
+        w = comm.all_reduce(x, async_op=True)
+        dist.all_reduce(y)
+        w.wait()
+        check(same(x, want_x) and same(y, want_y), f"iteration {i}: sums crossed")
+    return True
+
+
+def cache_divergence(rank, world, seed):
+    """Review finding: a calibration cache that differs between ranks (rank 0
+    once used another margin) must not be reused: plans stay agreed."""
+    pz.Communicator(compress="auto", timeout=30, margin=0.05)
+    pz.Communicator(compress="auto", timeout=30, margin=0.9 if rank == 0 else 0.05)
+    comm = pz.Communicator(compress="auto", timeout=30, margin=0.05, link_gbps=None)
+    n = 1 << 20
+    t = data(seed, 0, 0, n, torch.bfloat16) if rank == 0 else empty(n, dtype=torch.bfloat16)
+    if rank == 0:
+        comm.send(t, 1)
+    elif rank == 1:
+        comm.recv(t, 0)
+        check(same(t, data(seed, 0, 0, n, torch.bfloat16)), "send/recv after a divergent cache")
+    return comm.policy.margin

@@ -155,3 +155,17 @@ def test_auto_mismatch_raises_under_check(kind, world):
     res = ok(comm_harness.run(world, comm_workers.auto_mismatch, kind, deadline=120))
     for r, (name, msg) in res.items():
         assert name == "MismatchError", (r, msg)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_uneven_all_to_all_auto(world):
+    plans = ok(comm_harness.run(world, comm_workers.uneven_all_to_all_auto, _seed(), deadline=300))
+    assert len({str(p) for p in plans.values()}) == 1, plans
+
+
+def test_async_op_beside_callers_own_collective():
+    ok(comm_harness.run(2, comm_workers.async_then_direct, _seed(), deadline=120))
+
+
+def test_divergent_calibration_cache_is_not_reused():
+    ok(comm_harness.run(2, comm_workers.cache_divergence, _seed(), deadline=120))

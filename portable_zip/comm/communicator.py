@@ -5,6 +5,7 @@ import concurrent.futures
 import math
 import numbers
 import os
+import threading
 import time
 import zlib
 from collections import defaultdict
@@ -44,13 +45,16 @@ class Work:
         this wait: past it, PeerTimeout says the op is still running."""
         if timeout is not None and not timeout >= 0:
             raise ValueError(f"timeout must be None or >= 0 seconds, got {timeout!r}")
+        if timeout is not None and timeout > threading.TIMEOUT_MAX:
+            timeout = None  # inf: the op's own timeout bounds it
         if self._flush is not None:
             self._flush()
         try:
             self._future.result(timeout)
         except concurrent.futures.TimeoutError:
-            if self._future.done():  # the op itself timed out (PeerTimeout is a TimeoutError)
-                raise
+            if self._future.done():  # done as the wait expired: its own outcome (PeerTimeout is a TimeoutError)
+                self._future.result()
+                return True
             raise PeerTimeout(f"the op did not finish within wait(timeout={timeout:g}); it is still running, "
                               "wait() again") from None
         return True
@@ -96,7 +100,10 @@ class Communicator:
         if transport not in ("auto", "torch"):
             raise ValueError(f"transport {transport!r} is not available: this version has 'auto' and 'torch' "
                              "(torch.distributed); libfabric and uccl transports plug into the same seam")
-        self.group = group if group is not None else dist.group.WORLD
+        # A private group over the same ranks: ops queued on our worker never
+        # share tags or sequence numbers with the caller's own ops on theirs.
+        self.parent_group = group if group is not None else dist.group.WORLD
+        self.group = _private_group(self.parent_group, self.timeout)
         self.compress = compress
         self.tp = TorchDistTransport(self.group)
         self.rank, self.world, self.device = self.tp.rank, self.tp.world, self.tp.device
@@ -130,16 +137,21 @@ class Communicator:
         op's own arguments: compress mode, wire/format version, the
         PZ_CHECK_PLANS mode, and (auto) the calibration constants."""
         want_check = os.environ.get("PZ_CHECK_PLANS", "0") not in ("", "0")
-        cached = self.compress == "auto" and self.policy.has_cached(self.tp, self.group)
-        spec = [SPEC_PROTO, wire.WIRE_VERSION, -1, _MODES.index(self.compress), int(want_check), int(cached)]
+        cached = self.policy.cached_digest(self.tp, self.parent_group) if self.compress == "auto" else 0
+        spec = [SPEC_PROTO, wire.WIRE_VERSION, -1, _MODES.index(self.compress), int(want_check), cached,
+                wire.piece_override()]
         rows = self._swap_all(spec + [0] * (CTRL_WORDS - len(spec)))
         self._screen(rows, "the constructor")
         if any(row[3] != rows[0][3] for row in rows):
             modes = ", ".join(f"rank {j} {_MODES[row[3]] if 0 <= row[3] < 3 else row[3]!r}" for j, row in enumerate(rows))
             raise MismatchError(f"compress= differs between ranks: {modes}; every rank must use the same mode")
+        if any(row[6] != rows[0][6] for row in rows):
+            raise MismatchError("PZ_PIECE_BYTES differs between ranks: " +
+                                ", ".join(f"rank {j} {row[6] or 'unset'}" for j, row in enumerate(rows)))
         self._check_plans = any(row[4] for row in rows)
-        if self.compress == "auto":
-            self.policy.calibrate(self.tp, self.group, self.timeout, cached=all(row[5] for row in rows))
+        if self.compress == "auto":  # a cache is reused only where every rank holds the same one
+            self.policy.calibrate(self.tp, self.group, self.timeout, self.parent_group,
+                                  cached=rows[0][5] != 0 and all(row[5] == rows[0][5] for row in rows))
 
     def _swap_all(self, spec: Sequence[int]) -> list:
         """Every rank's CTRL_WORDS-word message (this rank's is spec), bounded by the timeout."""
@@ -238,9 +250,9 @@ class Communicator:
         if reduce and t.dtype not in _REDUCIBLE:
             raise TypeError(f"reduction ops support bfloat16, float16, float32 and float64 tensors, not {t.dtype}")
 
-    _PLAN_IDS = {"native": 0, "raw": 1, "compressed": 2}
+    _PLAN_IDS = {"native": 0, "raw": 1, "compressed": 2, "decided from the split matrix": 3}
 
-    def _agree(self, op: str, plan: str, dtype: torch.dtype, fields: Sequence[int], splits=None) -> None:
+    def _agree(self, op: str, plan: str, dtype: torch.dtype, fields: Sequence[int], splits=None):
         """Swap a spec with every peer (bounded by the timeout) so a mismatched
         dtype, size, version, plan or policy state raises the same
         MismatchError on every rank. fields (up to 4 ints) must agree on all
@@ -248,7 +260,8 @@ class Communicator:
         a matrix in a second round, so every rank sees every pair's mismatch."""
         fp = self.policy.fingerprint(dtype) & 0x7FFFFFFF
         spec = [SPEC_PROTO, wire.WIRE_VERSION, _OPS.index(op), self._PLAN_IDS[plan], fp, code_of(dtype), *fields]
-        rows = self._swap_all(spec + [0] * (CTRL_WORDS - len(spec)))
+        # The last word: PZ_PIECE_BYTES, which sets the piece sizes collectives derive on both sides.
+        rows = self._swap_all(spec + [0] * (CTRL_WORDS - 1 - len(spec)) + [wire.piece_override()])
         self._screen(rows, op)
         problems = []
         names = {v: k for k, v in self._PLAN_IDS.items()}
@@ -262,6 +275,9 @@ class Communicator:
             elif any(row[k] != rows[0][k] for k in range(5, 6 + len(fields))):
                 problems += [f"{op}: rank {j} has {self._field(k - 5, row)} but rank 0 has {self._field(k - 5, rows[0])}"
                              for k in range(5, 6 + len(fields)) if row[k] != rows[0][k]]
+            elif row[-1] != rows[0][-1]:
+                problems.append(f"{op}: PZ_PIECE_BYTES differs: rank {j} {row[-1] or 'unset'}, rank 0 "
+                                f"{rows[0][-1] or 'unset'}")
             elif row[4] != rows[0][4]:
                 problems.append(f"{op}: rank {j} decides from different policy state than rank 0 "
                                 f"(fingerprint {row[4]:#x} vs {rows[0][4]:#x})")
@@ -283,6 +299,8 @@ class Communicator:
                    for i in range(w) for j in range(w) if mat[i][j] != mat[j][w + i]]
             if bad:
                 raise MismatchError("all_to_all split mismatch: " + "; ".join(bad))
+            return mat
+        return None
 
     @staticmethod
     def _field(k, row):
@@ -350,7 +368,8 @@ class Communicator:
     def _lone_native(self, kind: str, t: torch.Tensor, peer: int) -> bool:
         """A blocking send/recv with nothing queued whose plan is native: one
         torch.distributed transfer, nothing else (both sides decide alike:
-        the pair's plan is a function of the pair's tensors, here just t)."""
+        the pair's plan is a function of the pair's tensors, here just t;
+        on NCCL it is posted as a batch like any other, see transport.post)."""
         if not self._idle_native("send", t):
             return False
         self._native_done(kind, time.perf_counter(), self.tp.post([(kind, t, peer)]), t.nbytes if kind == "send" else 0)
@@ -608,10 +627,16 @@ class Communicator:
             inp = inp.clone()  # in place: receives would overwrite rows not yet sent
 
         def run():
-            t0, plan = time.perf_counter(), self._plan("all_to_all", inp.dtype, inp.nbytes)
-            if self._check_plans or plan != "native":
-                # Every rank checks the whole split matrix, so all raise alike.
-                self._agree("all_to_all", plan, inp.dtype, [row], splits=(in_splits, out_splits))
+            t0 = time.perf_counter()
+            # Uneven splits give each rank different bytes, so auto decides
+            # from the agreed split matrix (its heaviest rank), after the swap
+            # that every rank checks as a whole, so all raise alike.
+            plan = "decided from the split matrix" if self.compress == "auto" else \
+                self._plan("all_to_all", inp.dtype, inp.nbytes)
+            mat = self._agree("all_to_all", plan, inp.dtype, [row], splits=(in_splits, out_splits))
+            if self.compress == "auto":
+                heaviest = max(sum(r[:self.world]) for r in mat) * row * inp.element_size()
+                plan = self._plan("all_to_all", inp.dtype, heaviest)
             if plan == "native":
                 w = dist.all_to_all_single(coll.row_bytes(out), coll.row_bytes(inp), out_splits, in_splits,
                                            group=self.group, async_op=True)
@@ -662,3 +687,18 @@ def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
         return False
     a0, b0 = a.data_ptr(), b.data_ptr()
     return a0 < b0 + b.nbytes and b0 < a0 + a.nbytes
+
+
+def _private_group(parent, timeout: float):
+    """A new group of parent's ranks (only they take part in creating it),
+    with the Communicator's timeout as its own: gloo's ops and NCCL's
+    watchdog then give up when we do."""
+    import datetime
+
+    try:
+        return dist.new_group(ranks=dist.get_process_group_ranks(parent), backend=dist.get_backend(parent),
+                              timeout=datetime.timedelta(seconds=timeout), use_local_synchronization=True)
+    except RuntimeError as e:  # the store's wait (DistStoreError) when a peer never constructs
+        if "timeout" in str(e).lower():
+            raise PeerTimeout(f"a peer did not construct its Communicator within {timeout:g} s") from e
+        raise

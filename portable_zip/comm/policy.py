@@ -77,17 +77,22 @@ class Policy:
     def _key(self, tp: Transport) -> tuple:
         return (tp.name, tp.world, str(tp.device.type), self.link_gbps, self.latency_us, self.codec_gbps, self.margin)
 
-    def has_cached(self, tp: Transport, group) -> bool:
-        return self._key(tp) in _CACHE.get(group, {})
+    def cached_digest(self, tp: Transport, group) -> int:
+        """A hash of this rank's cached calibration for the group (0: none),
+        so the constructor reuses a cache only where every rank holds the same one."""
+        hit = _CACHE.get(group, {}).get(self._key(tp))
+        return 0 if hit is None else (zlib.crc32(repr(hit).encode()) | 1)
 
-    def calibrate(self, tp: Transport, group, timeout: float, cached: bool) -> Calibration:
+    def calibrate(self, tp: Transport, group, timeout: float, cache_group, cached: bool) -> Calibration:
         """Measure (or, where every rank has it cached, reuse) the constants,
         and agree on them: each rank ends with the same figures and margin.
         Collective: every rank calls it with the same `cached` (the
-        constructor's handshake agrees on it). Every wait is bounded by timeout."""
+        constructor's handshake agrees on it). Every wait is bounded by
+        timeout. Figures are cached per cache_group (the caller's group:
+        each Communicator measures over its own private copy of it)."""
         key = self._key(tp)
         if cached:
-            self.cal, self.margin = _CACHE[group][key]
+            self.cal, self.margin = _CACHE[cache_group][key]
             return self.cal
         alpha, beta = self._measure_link(tp, timeout)
         native = {op: self._measure_native(op, tp, group, timeout) for op in _NATIVE_MEASURED}
@@ -117,7 +122,7 @@ class Policy:
         at = 2 + 2 * n
         self.cal = Calibration(v[0], v[1], dict(zip(CODED, v[2:2 + n])), dict(zip(CODED, v[2 + n:at])), source,
                                {op: tuple(v[at + 2 * i: at + 2 * i + 2]) for i, op in enumerate(_NATIVE_MEASURED)})
-        _CACHE.setdefault(group, {})[key] = (self.cal, self.margin)
+        _CACHE.setdefault(cache_group, {})[key] = (self.cal, self.margin)
         return self.cal
 
     def fingerprint(self, dtype: torch.dtype) -> int:

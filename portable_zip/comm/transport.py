@@ -68,30 +68,25 @@ class TorchDistTransport:
         return self._global[r]
 
     def connect(self, timeout: float) -> None:
-        """Create every pairwise connection now, with all ranks present: NCCL
-        builds p2p communicators lazily and that set-up blocks the host, so a
-        first send to a silent peer could otherwise hang past any timeout.
-        Grouped transfers use the group's communicator; a lone isend/irecv
-        (cheaper to post) uses one per pair, set up pair by pair in one global
-        order so that no two ranks wait on each other."""
+        """Create the group's NCCL communicator now, with all ranks present:
+        NCCL builds it lazily and that set-up blocks the host, so a first send
+        to a silent peer could otherwise hang past any timeout."""
         if self.world == 1 or self.backend != "nccl":
             return
         one = torch.zeros(1, dtype=torch.uint8, device=self.device)
         bufs = {p: torch.empty_like(one) for p in range(self.world) if p != self.rank}
         self.wait(self.post([("send", one, p) for p in bufs] + [("recv", b, p) for p, b in bufs.items()]), timeout)
-        for p in sorted(bufs):
-            first, second = ("send", "recv") if self.rank < p else ("recv", "send")
-            for kind in (first, second):
-                self.wait(self.post([(kind, one if kind == "send" else bufs[p], p)]), timeout)
 
     def post(self, ops: Sequence[Op]) -> List[object]:
         ops = [(kind, t, peer) for kind, t, peer in ops if t.numel()]
         if not ops:
             return []
         try:
-            # A lone op skips the coalescing manager (on NCCL it runs on the
-            # pair's communicator, which connect() created).
-            if len(ops) == 1:
+            # On NCCL every post is a batch: a lone isend/irecv runs on the
+            # pair's own communicator, and a send posted alone on one side but
+            # in a batch on the other (3+ ranks: the other side's wave holds
+            # more peers) would never match. gloo has one channel per pair.
+            if len(ops) == 1 and self.backend != "nccl":
                 kind, t, peer = ops[0]
                 fn = dist.isend if kind == "send" else dist.irecv
                 return [fn(movable(t, self.backend), self.global_rank(peer), group=self.group)]

@@ -86,6 +86,13 @@ def piece_bytes(nbytes: int) -> int:
     return min(PIECE_MAX_BYTES, max(PIECE_MIN_BYTES, nbytes // 4))
 
 
+def piece_override() -> int:
+    """PZ_PIECE_BYTES (0: unset). Collectives derive piece sizes on both sides,
+    so the Communicator checks that every rank has the same value."""
+    v = os.environ.get("PZ_PIECE_BYTES")
+    return int(v) if v else 0
+
+
 def piece_elems(numel: int, itemsize: int) -> int:
     """Elements per piece (piece_bytes, or PZ_PIECE_BYTES); the sender announces it."""
     override = os.environ.get("PZ_PIECE_BYTES")
