@@ -8,12 +8,28 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
+import time
 
 import numpy as np
 import torch
 
 import portable_zip as pz
-from portable_zip.benchmarks import machine_info, median_time
+from portable_zip.benchmarks import machine_info
+
+
+def timed(fn, reps: int) -> tuple:
+    """Median wall seconds and median CPU seconds (this process, all threads) of fn().
+    CPU time is the robust one on a shared machine: it does not count time
+    spent waiting for a core."""
+    fn()
+    wall, cpu = [], []
+    for _ in range(reps):
+        w0, c0 = time.perf_counter(), time.process_time()
+        fn()
+        wall.append(time.perf_counter() - w0)
+        cpu.append(time.process_time() - c0)
+    return statistics.median(wall), statistics.median(cpu)
 
 
 def main() -> None:
@@ -29,12 +45,14 @@ def main() -> None:
     for threads in (1, torch.get_num_threads()):
         buf = pz.compress(t, threads=threads)
         out = torch.empty_like(t)
-        c = median_time(lambda i: pz.compress(t, threads=threads), "cpu", args.reps, warmup=1)
-        d = median_time(lambda i: pz.decompress(buf, out=out, threads=threads), "cpu", args.reps, warmup=1)
+        c, cc = timed(lambda: pz.compress(t, threads=threads), args.reps)
+        d, dc = timed(lambda: pz.decompress(buf, out=out, threads=threads), args.reps)
         assert torch.equal(out.view(torch.int16), t.view(torch.int16))
         row = {"label": args.label, "tensor": "bf16 N(0,0.02^2)", "bytes": t.nbytes, "threads": threads,
                "ratio": buf.numel() / t.nbytes, "compress_GBps": t.nbytes / c / 1e9,
-               "decompress_GBps": t.nbytes / d / 1e9, "reps": args.reps}
+               "decompress_GBps": t.nbytes / d / 1e9, "compress_GB_per_cpu_s": t.nbytes / cc / 1e9,
+               "decompress_GB_per_cpu_s": t.nbytes / dc / 1e9, "reps": args.reps,
+               "load_average": os.getloadavg()[0]}
         print(json.dumps(row))
         rows.append(row)
     if args.json:

@@ -59,7 +59,14 @@ def fuzz(streams, rng, count, device="cpu", mutator=mutate):
             outcomes["decode error" if str(e).startswith("corrupted stream") else "header error"] += 1
             continue
         assert out.device.type == device
-        assert same_bits(out.cpu(), t), f"a mutated {t.dtype}{list(t.shape)} stream decoded to different data"
+        if not same_bits(out.cpu(), t):
+            m = bad.cpu().numpy()
+            n = min(m.size, src.size)
+            where = np.nonzero(m[:n] != src[:n])[0]
+            raise AssertionError(f"a mutated {t.dtype}{list(t.shape)} stream ({src.size} bytes, mutant {m.size}) "
+                                 f"decoded to {out.dtype}{list(out.shape)}, different data; changed bytes at "
+                                 f"{where[:16].tolist()}: {src[where[:16]].tolist()} -> {m[where[:16]].tolist()}; "
+                                 f"stream: {pz.inspect(torch.from_numpy(src))}")
         outcomes["identical"] += 1
     return outcomes
 

