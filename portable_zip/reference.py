@@ -28,8 +28,8 @@ def align(v: int, a: int = ALIGN) -> int:
 
 
 def checksum(units: np.ndarray, first: int) -> int:
-    """Sum mod 2^32 of fmix32(unit ^ index * 0x9E3779B9) over units (u32), the
-    first at index `first` (indices taken mod 2^32)."""
+    """0x505A4932 plus the sum mod 2^32 of fmix32(unit ^ index * 0x9E3779B9)
+    over units (u32), the first at index `first` (indices taken mod 2^32)."""
     with np.errstate(over="ignore"):
         idx = (np.arange(units.size, dtype=np.uint64) + np.uint64(first)).astype(np.uint32)
         t = units.astype(np.uint32) ^ (idx * np.uint32(0x9E3779B9))
@@ -38,7 +38,7 @@ def checksum(units: np.ndarray, first: int) -> int:
         t ^= t >> np.uint32(13)
         t *= np.uint32(0xC2B2AE35)
         t ^= t >> np.uint32(16)
-    return int(t.sum(dtype=np.uint64)) & 0xFFFFFFFF
+    return (int(t.sum(dtype=np.uint64)) + 0x505A4932) & 0xFFFFFFFF
 
 
 def units_of(dtype: int, data: np.ndarray) -> np.ndarray:

@@ -318,3 +318,22 @@ def test_decompress_batch_outputs_overlapping_other_streams_or_outputs():
     shared = torch.empty(1000, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="overlaps out"):
         pz.decompress_batch([ba, bb], out=[shared, shared])
+
+
+def test_zeroed_data_and_checksum_raise():
+    """A region zeroed together with its checksum (found by the fuzzer: a bool
+    [1] stream whose payload and chunk checksum were set to 0 decoded to
+    False). A one-element bf16 block the same way: plane byte, stored symbol
+    and block checksum all zero would decode to 0.0."""
+    for t in (torch.tensor([True]), torch.tensor([7], dtype=torch.uint8), torch.tensor([1.5], dtype=torch.bfloat16)):
+        buf = pz.compress(t).clone()
+        info = pz.inspect(buf)
+        begin = align16(info["header_bytes"])
+        bad = buf.clone()
+        bad[begin: begin + t.nbytes] = 0  # the payload, or the raw plane
+        bad[-4 if info["codec"] == "raw" else begin + 16 + 8: None if info["codec"] == "raw" else begin + 16 + 12] = 0
+        if info["codec"] != "raw":
+            bad[buf.numel() - 16 + 1] = 0  # the stored symbol (mode 0 segment, the stream's last 16 bytes)
+        assert not torch.equal(bad, buf)
+        with pytest.raises(pz.FormatError, match="checksum"):
+            pz.decompress(bad)

@@ -86,7 +86,7 @@ PZ_HOST_SIMD_CLONES uint32_t block_checksum(const uint8_t* buf, uint64_t first, 
   uint32_t s = 0;
   for (uint32_t i = 0; i < n; ++i)
     s += fmt::hash_term(FloatTraits<D>::unit(buf, first + i, numel), static_cast<uint32_t>(first + i));
-  return s;
+  return fmt::finish_checksum(s);
 }
 
 // Checksum of raw payload chunk c (payload of len bytes at p).
@@ -97,7 +97,7 @@ PZ_HOST_SIMD_CLONES inline uint32_t raw_chunk_checksum(const uint8_t* p, uint64_
   const uint64_t whole = std::min(hi, len / 4);
   for (uint64_t k = lo; k < whole; ++k) s += fmt::hash_term(get_u32(p + 4 * k), static_cast<uint32_t>(k));
   for (uint64_t k = std::max(lo, whole); k < hi; ++k) s += fmt::hash_term(raw_word(p, k, len), static_cast<uint32_t>(k));
-  return s;
+  return fmt::finish_checksum(s);
 }
 
 // Encodes block b into seg (capacity max_segment_bytes); returns its padded size.

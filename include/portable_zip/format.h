@@ -147,6 +147,12 @@ PZ_HOST_DEVICE PZ_FORCE_INLINE uint32_t hash_term(uint32_t unit, uint32_t index)
   return t;
 }
 
+// Every v2 checksum is this seed plus its sum of terms. term(0, 0) is 0, so
+// without a seed a zeroed region (data and checksum alike: a classic
+// corruption) would check out whenever its terms sum to zero.
+constexpr uint32_t kChecksumSeed = 0x505A4932u;  // "2IZP"
+PZ_HOST_DEVICE PZ_FORCE_INLINE uint32_t finish_checksum(uint32_t sum) { return sum + kChecksumSeed; }
+
 struct Header {
   uint8_t version = kVersion;
   DType dtype = DType::Invalid;
@@ -256,7 +262,7 @@ PZ_HOST_DEVICE PZ_FORCE_INLINE uint32_t header_word(const uint8_t* p, uint32_t k
 PZ_HOST_DEVICE inline uint32_t header_checksum(const uint8_t* p, uint64_t header_bytes, uint64_t total) {
   uint32_t s = 0;
   for (uint32_t k = 0; k < header_bytes / 4; ++k) s += hash_term(header_word(p, k, total), k);
-  return s;
+  return finish_checksum(s);
 }
 
 // Writes header_bytes bytes, then zero padding up to raw_begin.

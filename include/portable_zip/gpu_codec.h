@@ -561,7 +561,7 @@ PZ_DEVICE Segment encode_block(const CompressParams& p, const fmt::Layout& l, ui
     write_raw(p.out, l, plane16, first + i, sp);
     sum += fmt::hash_term(T::unit(p.in, first + i, h.numel), static_cast<uint32_t>(first + i));
   }
-  sum = group_sum32(sum);
+  sum = fmt::finish_checksum(group_sum32(sum));
   if (l.nsums && lane == 0) *reinterpret_cast<uint32_t*>(p.out + l.sums_begin + 4 * b) = sum;  // 4-byte aligned
   group_sync();
   // Merge: lane L sums words 4L..4L+3 over the 16 histograms, starting at its
@@ -671,7 +671,7 @@ PZ_DEVICE PZ_FORCE_INLINE void compress_ticket(const CompressParams& p, uint64_t
         uint32_t hsum = 0;
         for (uint32_t k = lane; k < l.header_bytes / 4; k += fmt::kLanes)
           hsum += fmt::hash_term(fmt::header_word(p.header, k, total), k);
-        hsum = group_sum32(hsum);
+        hsum = fmt::finish_checksum(group_sum32(hsum));
         if (lane == 0) {
           for (int i = 0; i < 8; ++i) p.out[8 + i] = static_cast<uint8_t>(total >> (8 * i));
           put_u32(p.out + fmt::kHeaderSumOffset, h.version >= 2 ? hsum : 0u);
@@ -977,7 +977,7 @@ PZ_DEVICE uint32_t decode_block(const DecompressParams& p, const fmt::Layout& l,
   uint32_t sum = 0;
   const uint32_t e = decode_symbols<D, C>(p, l, b, base, sum);
   if (e || !l.nsums) return e;
-  return group_sum32(sum) == get_u32(p.in + l.sums_begin + 4 * b) ? 0u : static_cast<uint32_t>(kErrChecksum);
+  return fmt::finish_checksum(group_sum32(sum)) == get_u32(p.in + l.sums_begin + 4 * b) ? 0u : static_cast<uint32_t>(kErrChecksum);
 }
 
 // Persistent: each group strides over the blocks.
@@ -1045,7 +1045,7 @@ PZ_GLOBAL void __launch_bounds__(kCtaThreads) raw_kernel(RawParams p) {
       if (Encode)
         for (uint64_t j = 4 * k; j < 4 * k + 4 && j < z; ++j) dst[j] = src[j];
     }
-    sum = group_sum32(sum);
+    sum = fmt::finish_checksum(group_sum32(sum));
     if (Encode) {
       if (lane == 0) put_u32(p.out + l.sums_begin + 4 * c, sum);
       continue;
