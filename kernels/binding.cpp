@@ -27,6 +27,12 @@ fmt::Header plan(int dtype, uint64_t numel, const std::vector<int64_t>& shape, i
   if (dtype <= 0 || dtype >= static_cast<int>(fmt::DType::Count)) throw std::invalid_argument("unknown dtype code");
   if (shape.size() > fmt::kMaxDims) throw std::invalid_argument("portable_zip supports at most 16 dimensions");
   if (codec <= 0 || codec >= fmt::kNumCodecs) throw std::invalid_argument("unknown codec code");
+  // Byte counts of larger tensors could wrap 64 bits; no real tensor is near.
+  if (numel > fmt::kMaxNumel)
+    throw std::overflow_error("portable_zip supports at most 2^48 elements per tensor, got " + std::to_string(numel));
+  for (const int64_t d : shape)
+    if (d < 0 || static_cast<uint64_t>(d) > fmt::kMaxNumel)
+      throw std::overflow_error("shape entries must be in [0, 2^48], got " + std::to_string(d));
   return fmt::plan_header(static_cast<fmt::DType>(dtype), numel, shape.data(), static_cast<int>(shape.size()),
                           static_cast<fmt::Codec>(codec));
 }
@@ -38,7 +44,8 @@ fmt::Header parse(const nb::bytes& data, uint64_t stream_len) {
     std::string msg = fmt::parse_error_text(e);
     const auto* p = static_cast<const uint8_t*>(data.data());
     if (e == fmt::ParseError::BadVersion)
-      msg += " " + std::to_string(p[4]) + "; this build reads version " + std::to_string(fmt::kVersion);
+      msg += " " + std::to_string(p[4]) + "; this build reads versions " + std::to_string(fmt::kMinVersion) + " to " +
+             std::to_string(fmt::kVersion);
     if (e == fmt::ParseError::Truncated)
       msg += " (" + std::to_string(stream_len) + " bytes, header says " + std::to_string(fmt::get_u64(p + 8)) + ")";
     throw FormatError(msg);
@@ -55,6 +62,8 @@ std::string decode_error_text(uint32_t bits) {
   add(kErrTable, "a block's frequency table is malformed");
   add(kErrSegment, "a block segment is too short for its contents or has an unknown mode");
   add(kErrStream, "a block's coded data is inconsistent (corrupted coded bytes)");
+  add(kErrChecksum, "decoded data does not match its checksum (corrupted raw or coded bytes)");
+  add(kErrBool, "a bool stream holds a byte other than 0 or 1");
   return "corrupted stream: " + s;
 }
 
@@ -87,6 +96,7 @@ NB_MODULE(_C, m) {
     d["raw_end"] = l.raw_end;
     d["coded_begin"] = l.coded_begin;
     d["header_bytes"] = l.header_bytes;
+    d["checksums"] = h.version >= 2;
     return d;
   });
 
@@ -111,7 +121,7 @@ NB_MODULE(_C, m) {
     fmt::Header h = plan(dtype, numel, shape);
     if (h.codec != fmt::Codec::Raw) return nb::none();
     const fmt::Layout l = fmt::layout_of(h);
-    h.total_bytes = l.raw_end;
+    h.total_bytes = l.coded_begin;
     std::vector<uint8_t> head(l.raw_begin);
     fmt::write_header(h, head.data());
     return nb::bytes(reinterpret_cast<const char*>(head.data()), head.size());

@@ -119,15 +119,54 @@ int gpu_compress_batch(const uint8_t* const* ins, const fmt::Header* hs, uint8_t
   });
 }
 
+// Raw streams: one launch copies the payload and computes (encode) or checks
+// (decode) its chunk checksums; encode also writes the header, whose total
+// is known up front.
+static int gpu_raw(const uint8_t* in, const fmt::Header& h, uint8_t* out, uint32_t* err, bool encode, void* stream,
+                   int max_sms) {
+  gpu::RawParams p{};
+  p.in = in;
+  p.out = out;
+  p.err = err;
+  p.h = h;
+  const fmt::Layout l = fmt::layout_of(h);
+  if (encode) {
+    p.h.total_bytes = l.coded_begin;
+    fmt::write_header(p.h, p.header);
+  }
+  const uint64_t chunks = (l.raw_end - l.raw_begin + (1ull << fmt::kRawChunkLog2) - 1) >> fmt::kRawChunkLog2;
+  if (!encode && chunks == 0) return kOk;
+  const bool vec = reinterpret_cast<uintptr_t>(encode ? in : out) % 16 == 0;
+  using K = void (*)(gpu::RawParams);
+  const bool is_bool = h.dtype == fmt::DType::Bool;
+  const K kernel = encode ? (vec ? gpu::raw_kernel<true, true, false> : gpu::raw_kernel<true, false, false>)
+                          : is_bool ? (vec ? gpu::raw_kernel<false, true, true> : gpu::raw_kernel<false, false, true>)
+                                    : (vec ? gpu::raw_kernel<false, true, false> : gpu::raw_kernel<false, false, false>);
+  unsigned ctas = 0;
+  const uint64_t work = (chunks + gpu::kGroupsPerCta - 1) / gpu::kGroupsPerCta;
+  if (const int rc = persistent_grid(kernel, 0, work > 0 ? work : 1, max_sms, &ctas)) return rc;
+  kernel<<<ctas, gpu::kCtaThreads, 0, static_cast<rt::Stream>(stream)>>>(p);
+  const rt::Error e = rt::last_error();
+  return e == rt::kSuccess ? static_cast<int>(kOk) : fail(e, "launching the raw-stream kernel");
+}
+
 int gpu_compress(const uint8_t* in, const fmt::Header& h, uint8_t* out, void* workspace, void* stream, int max_sms) {
+  if (h.codec == fmt::Codec::Raw) {
+    if (reinterpret_cast<uintptr_t>(out) % fmt::kAlign) {
+      set_last_error("gpu_compress: the output must be 16-byte aligned", "");
+      return kBadArgument;
+    }
+    return gpu_raw(in, h, out, nullptr, true, stream, max_sms);
+  }
   return gpu_compress_batch(&in, &h, &out, 1, workspace, stream, max_sms);
 }
 
 int gpu_decompress(const uint8_t* in, const fmt::Header& h, uint8_t* out, uint32_t* err, void* stream, int max_sms) {
-  if (h.codec == fmt::Codec::Raw || reinterpret_cast<uintptr_t>(in) % fmt::kAlign) {
-    set_last_error("gpu_decompress: needs a coded stream in a 16-byte-aligned buffer", "");
+  if (reinterpret_cast<uintptr_t>(in) % fmt::kAlign) {
+    set_last_error("gpu_decompress: needs a stream in a 16-byte-aligned buffer", "");
     return kBadArgument;
   }
+  if (h.codec == fmt::Codec::Raw) return gpu_raw(in, h, out, err, false, stream, max_sms);
   const fmt::Layout l = fmt::layout_of(h);
   auto s = static_cast<rt::Stream>(stream);
   gpu::DecompressParams p{in, out, err, h};

@@ -19,6 +19,8 @@ uint32_t cpu_decompress(const uint8_t* in, const fmt::Header& h, uint8_t* out, i
 
 // GPU (CUDA or HIP builds only). Workspace is device memory the launcher
 // clears on the stream; decompress ORs DecodeError bits into *err (device).
+// gpu_compress and gpu_decompress take raw (codec 0) streams too: a kernel
+// copies the payload and computes or checks its checksums.
 // max_sms > 0 limits the persistent grid to that many SMs' worth of CTAs.
 uint64_t gpu_compress_workspace_bytes(const fmt::Header& h);
 // A batch of tensors of one dtype and codec in one launch (16-byte-aligned

@@ -17,6 +17,7 @@ from ._dtypes import CODEC_CODES, CODECS, code_of, dtype_of
 FormatError = _C.FormatError
 MAX_HEADER_BYTES = 32 + 8 * 16
 MAX_DIMS = 16
+MAX_NUMEL = 1 << 48  # format.h kMaxNumel: byte counts stay far from wrapping 64 bits
 
 
 def _threads(threads: Optional[int]) -> int:
@@ -38,6 +39,35 @@ def _check_tensor(t, what: str) -> None:
                          "rebuild with nvcc or hipcc available")
 
 
+def _resolved(t: torch.Tensor) -> torch.Tensor:
+    """The tensor's values: a lazy conj or neg view (t.conj(), torch._neg_view)
+    keeps the original bits in memory plus a flag, so raw-pointer code must
+    read a materialized copy."""
+    if t.is_conj():
+        t = t.resolve_conj()
+    if t.is_neg():
+        t = t.resolve_neg()
+    return t
+
+
+def _check_out(out: torch.Tensor, what: str = "out") -> None:
+    _check_tensor(out, what)
+    if out.is_conj() or out.is_neg():
+        raise ValueError(f"{what} is a lazy {'conj' if out.is_conj() else 'neg'} view: decoding into its memory would "
+                         "store values it then shows conjugated/negated; pass a plain tensor (e.g. torch.empty_like)")
+
+
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two contiguous tensors share any byte of memory."""
+    if a.device != b.device:
+        return False
+    na, nb = a.numel() * a.element_size(), b.numel() * b.element_size()
+    if not na or not nb:
+        return False
+    pa, pb = a.data_ptr(), b.data_ptr()
+    return pa < pb + nb and pb < pa + na
+
+
 def _plan(t: torch.Tensor):
     return code_of(t.dtype), t.numel(), list(t.shape)
 
@@ -46,6 +76,8 @@ def max_compressed_size(numel: int, dtype: torch.dtype, ndim: Optional[int] = No
     """Worst-case stream bytes for numel elements of dtype (any shape of up to ndim dims)."""
     if numel < 0:
         raise ValueError(f"numel must be >= 0, got {numel}")
+    if numel > MAX_NUMEL:
+        raise OverflowError(f"numel {numel} exceeds portable_zip's limit of 2^48 elements per tensor")
     ndim = MAX_DIMS if ndim is None else ndim
     if not 0 <= ndim <= MAX_DIMS:
         raise ValueError(f"ndim must be in [0, {MAX_DIMS}], got {ndim}")
@@ -96,22 +128,20 @@ def _codec_code(codec: str) -> int:
         raise ValueError(f"codec must be one of {sorted(CODEC_CODES)}, got {codec!r}") from None
 
 
-def _compress_padded(t: torch.Tensor, threads: Optional[int] = None, max_sms: int = 0, codec: int = 1) -> torch.Tensor:
-    """Compress into a buffer of max_compressed_size bytes; the header holds the true size."""
+def _compress_padded(t: torch.Tensor, threads: Optional[int] = None, max_sms: int = 0, codec: int = 1,
+                     zero_pad: bool = False) -> torch.Tensor:
+    """Compress into a buffer of max_compressed_size bytes; the header holds the true size.
+    zero_pad: the bytes past the stream are zeros (a deterministic buffer, as the torch op promises)."""
     _check_tensor(t, "input")
+    t = _resolved(t)
     code, numel, shape = _plan(t)
     cap = _C.max_compressed_size(code, numel, shape)
-    out = torch.empty(cap, dtype=torch.uint8, device=t.device)
+    out = (torch.zeros if zero_pad else torch.empty)(cap, dtype=torch.uint8, device=t.device)
     if t.device.type == "cpu":
         _C.compress_cpu(t.data_ptr(), code, numel, shape, out.data_ptr(), _threads(threads), codec)
         return out
     with torch.cuda.device(t.device):
-        head = _C.raw_header(code, numel, shape)
-        if head is not None:  # stored raw: header + the tensor's bytes, no kernel
-            out[: len(head)].copy_(torch.frombuffer(bytearray(head), dtype=torch.uint8), non_blocking=False)
-            if numel:
-                out[len(head):].copy_(t.reshape(-1).view(torch.uint8))
-            return out
+        # Raw-stored tensors go through a kernel too: it copies and computes the payload's checksums.
         ws = torch.empty(_C.compress_workspace_bytes(code, numel, shape), dtype=torch.uint8, device=t.device)
         _C.compress_gpu(t.data_ptr(), code, numel, shape, out.data_ptr(), ws.data_ptr(), _stream(), max_sms, codec)
     return out
@@ -171,11 +201,13 @@ def decompress(buf: torch.Tensor, *, out: Optional[torch.Tensor] = None, threads
     if out is None:
         out = torch.empty(shape, dtype=dtype, device=buf.device)
     else:
-        _check_tensor(out, "out")
+        _check_out(out)
         if out.dtype != dtype or tuple(out.shape) != shape:
             raise ValueError(f"out is {out.dtype}{list(out.shape)} but the stream holds {dtype}{list(shape)}")
         if out.device != buf.device:
             raise ValueError(f"out is on {out.device} but the stream is on {buf.device}")
+        if _overlap(out, buf):
+            raise ValueError("out overlaps the stream's memory: decoding would overwrite the stream while reading it")
     if buf.device.type == "cpu":
         _C.decompress_cpu(head, buf.data_ptr(), buf.numel(), out.data_ptr(), _threads(threads))
         return out
@@ -196,10 +228,7 @@ def _decode_gpu(buf: torch.Tensor, head: bytes, info: dict, out: torch.Tensor, e
     if buf.data_ptr() % 16:
         buf = buf.clone()  # the decoder reads 16-byte-aligned segments
     with torch.cuda.device(buf.device):
-        if CODECS[info["codec"]] == "raw":
-            if info["numel"]:
-                out.reshape(-1).view(torch.uint8).copy_(buf[info["raw_begin"]: info["raw_end"]])
-            return
+        # Raw streams too: the kernel verifies the payload's checksums (and bools) as it copies.
         _C.decompress_gpu(head, buf.data_ptr(), buf.numel(), out.data_ptr(), err.data_ptr(), _stream(), max_sms)
 
 
@@ -234,8 +263,10 @@ def compress_batch(tensors: Sequence[torch.Tensor], *, trim: Optional[bool] = No
     sms, codec_id = _max_sms(max_sms), _codec_code(codec)
     out: list = [None] * len(tensors)
     groups: dict = {}
+    tensors = list(tensors)
     for i, t in enumerate(tensors):
         _check_tensor(t, f"tensors[{i}]")
+        tensors[i] = t = _resolved(t)
         # One launch per (device, dtype) for 16-byte-aligned coded GPU tensors.
         if t.device.type == "cuda" and t.data_ptr() % 16 == 0 and _C.raw_header(*_plan(t)) is None:
             groups.setdefault((t.device, t.dtype), []).append(i)
@@ -267,6 +298,17 @@ def decompress_batch(bufs: Sequence[torch.Tensor], *, out: Optional[Sequence[tor
     if out is not None and len(out) != len(bufs):
         raise ValueError(f"got {len(bufs)} streams but {len(out)} outputs")
     outs = out if out is not None else [None] * len(bufs)
+    if out is not None:  # decodes run in order: no output may overwrite a later stream or another output
+        for i, o in enumerate(outs):
+            if o is None:
+                continue
+            _check_out(o, f"out[{i}]")
+            for j, b in enumerate(bufs):
+                if isinstance(b, torch.Tensor) and _overlap(o, b):
+                    raise ValueError(f"out[{i}] overlaps stream {j}'s memory")
+            for j in range(i):
+                if outs[j] is not None and _overlap(o, outs[j]):
+                    raise ValueError(f"out[{i}] overlaps out[{j}]")
     return [decompress(b, out=o, threads=threads) for b, o in zip(bufs, outs)]
 
 

@@ -13,7 +13,8 @@ from . import codec
 
 @torch.library.custom_op("portable_zip::compress", mutates_args=())
 def compress_op(t: torch.Tensor) -> torch.Tensor:
-    return codec._compress_padded(t)
+    # Zeros past the stream: the op's output is a pure function of its input.
+    return codec._compress_padded(t, zero_pad=True)
 
 
 @compress_op.register_fake
@@ -29,3 +30,18 @@ def decompress_into_op(buf: torch.Tensor, out: torch.Tensor) -> None:
 @decompress_into_op.register_fake
 def _(buf, out):
     return None
+
+
+# A lazy conj/neg `out` reaches torch's Conjugate/Negative fallbacks before our
+# kernel, and they fail on an op returning nothing ("Expected Tensor but got
+# None"). Claim those keys to raise the same clear error as pz.decompress.
+_lazy_lib = torch.library.Library("portable_zip", "IMPL")
+
+
+def _reject_lazy_out(buf, out):
+    codec._check_out(out)
+    raise ValueError("decompress_into: a lazy conj/neg tensor reached the op")  # only if the flag was on buf
+
+
+_lazy_lib.impl("decompress_into", _reject_lazy_out, "Conjugate")
+_lazy_lib.impl("decompress_into", _reject_lazy_out, "Negative")

@@ -1,4 +1,5 @@
-"""A small pure-numpy implementation of format v1 (docs/FORMAT.md).
+"""A small pure-numpy implementation of format v2 (docs/FORMAT.md); it also
+reads v1 streams (no checksums).
 
 Written from the format description, independently of the C++ code, so tests
 can check the fast paths byte for byte against it. Slow: for small inputs.
@@ -8,7 +9,8 @@ from __future__ import annotations
 import numpy as np
 
 MAGIC = b"PZIP"
-VERSION = 1
+VERSION = 2
+RAW_CHUNK = 1 << 16  # bytes of raw payload per checksum
 LANES = 32
 PROB_BITS = 12
 PROB_SCALE = 1 << PROB_BITS
@@ -23,6 +25,41 @@ ELEM = {1: 2, 2: 2, 3: 4, 4: 1, 5: 1, 6: 8, 7: 1, 8: 1, 9: 2, 10: 4, 11: 8, 12: 
 
 def align(v: int, a: int = ALIGN) -> int:
     return (v + a - 1) // a * a
+
+
+def checksum(units: np.ndarray, first: int) -> int:
+    """0x505A4932 plus the sum mod 2^32 of fmix32(unit ^ index * 0x9E3779B9)
+    over units (u32), the first at index `first` (indices taken mod 2^32)."""
+    with np.errstate(over="ignore"):
+        idx = (np.arange(units.size, dtype=np.uint64) + np.uint64(first)).astype(np.uint32)
+        t = units.astype(np.uint32) ^ (idx * np.uint32(0x9E3779B9))
+        t ^= t >> np.uint32(16)
+        t *= np.uint32(0x85EBCA6B)
+        t ^= t >> np.uint32(13)
+        t *= np.uint32(0xC2B2AE35)
+        t ^= t >> np.uint32(16)
+    return (int(t.sum(dtype=np.uint64)) + 0x505A4932) & 0xFFFFFFFF
+
+
+def units_of(dtype: int, data: np.ndarray) -> np.ndarray:
+    """Each symbol's element bytes as one little-endian integer (fp8: a pair, an odd last element paired with 0)."""
+    if dtype == FP32:
+        return data.view("<u4")
+    if dtype in (E4M3, E5M2) and data.size % 2:
+        data = np.concatenate([data, np.zeros(1, np.uint8)])
+    return data.view("<u2")
+
+
+def raw_sums(payload: bytes) -> bytes:
+    words = np.frombuffer(payload + bytes(-len(payload) % 4), "<u4")
+    per = RAW_CHUNK // 4
+    return b"".join(np.uint32(checksum(words[k: k + per], k)).tobytes() for k in range(0, words.size, per))
+
+
+def header_sum(h: bytes) -> int:
+    words = np.frombuffer(h, "<u4").copy()
+    words[7] = 0
+    return checksum(words, 0)
 
 
 def nsym_of(dtype: int, numel: int) -> int:
@@ -185,6 +222,7 @@ def decode_block_fixed(seg: bytes, n: int) -> np.ndarray:
 def header(dtype: int, codec: int, shape, numel: int, total: int, block_log2: int) -> bytes:
     h = MAGIC + bytes([VERSION, dtype, codec, len(shape)]) + np.array([total, numel], "<u8").tobytes()
     h += bytes([block_log2, PROB_BITS, LANES, 0, 0, 0, 0, 0]) + np.array(shape, "<i8").tobytes()
+    h = h[:28] + np.uint32(header_sum(h)).tobytes() + h[32:]
     return h + bytes(align(len(h)) - len(h))
 
 
@@ -193,7 +231,8 @@ def compress(data: bytes, dtype: int, shape, codec: int = 1) -> bytes:
     numel = int(np.prod(shape, dtype=np.int64)) if len(shape) else 1
     if dtype not in CODED or numel == 0:
         head = header(dtype, 0, shape, numel, 0, 0)
-        return header(dtype, 0, shape, numel, len(head) + len(data), 0) + data
+        body = data + bytes(align(len(head) + len(data)) - len(head) - len(data)) + raw_sums(data) if data else b""
+        return header(dtype, 0, shape, numel, len(head) + len(body), 0) + body
     sym, p8, p16 = split(dtype, np.frombuffer(data, np.uint8))
     nsym = sym.size
     lg = block_log2_of(nsym)
@@ -206,6 +245,8 @@ def compress(data: bytes, dtype: int, shape, codec: int = 1) -> bytes:
     enc = encode_block_fixed if codec == 2 else encode_block
     segs = [enc(sym[b << lg: (b + 1) << lg]) for b in range(nblocks)]
     offs = np.cumsum([len(s) for s in segs]).astype("<u8").tobytes()
+    units = units_of(dtype, np.frombuffer(data, np.uint8))
+    offs += b"".join(np.uint32(checksum(units[b << lg: (b + 1) << lg], b << lg)).tobytes() for b in range(nblocks))
     offs += bytes(align(len(offs)) - len(offs))
     coded = b"".join(segs)
     total = head_len + len(raw) + len(offs) + len(coded)
@@ -213,16 +254,28 @@ def compress(data: bytes, dtype: int, shape, codec: int = 1) -> bytes:
 
 
 def decompress(stream: bytes) -> tuple:
-    """-> (dtype code, shape, tensor bytes). Raises ValueError on any inconsistency."""
-    if stream[:4] != MAGIC or stream[4] != VERSION:
-        raise ValueError("not a v1 portable_zip stream")
+    """-> (dtype code, shape, tensor bytes). Raises ValueError on any inconsistency
+    it checks (not every one the C++ decoder checks: this is a reference, not a validator)."""
+    if stream[:4] != MAGIC or stream[4] not in (1, 2):
+        raise ValueError("not a v1 or v2 portable_zip stream")
+    v2 = stream[4] == 2
     dtype, codec, ndim = stream[5], stream[6], stream[7]
     total, numel = np.frombuffer(stream[8:24], "<u8").tolist()
     lg = stream[24]
     shape = tuple(np.frombuffer(stream[32: 32 + 8 * ndim], "<i8").tolist())
     raw_begin = align(32 + 8 * ndim)
+    if v2 and int(np.frombuffer(stream[28:32], "<u4")[0]) != header_sum(stream[: 32 + 8 * ndim]):
+        raise ValueError("header checksum mismatch")
     if codec == 0:
-        return dtype, shape, stream[raw_begin: raw_begin + numel * ELEM[dtype]]
+        data = stream[raw_begin: raw_begin + numel * ELEM[dtype]]
+        if v2 and data:
+            at = align(raw_begin + len(data))
+            sums = raw_sums(data)
+            if stream[at: at + len(sums)] != sums:
+                raise ValueError("raw payload checksum mismatch")
+        if dtype == 12 and any(b > 1 for b in data):
+            raise ValueError("invalid bool byte")
+        return dtype, shape, data
     nsym = nsym_of(dtype, numel)
     nblocks = -(-nsym // (1 << lg))
     p8 = np.frombuffer(stream, np.uint8, nsym, raw_begin)
@@ -233,13 +286,19 @@ def decompress(stream: bytes) -> tuple:
         end = align(end) + 2 * nsym
     offs_begin = align(end)
     offs = np.frombuffer(stream, "<u8", nblocks, offs_begin).tolist()
-    coded_begin = align(offs_begin + 8 * nblocks)
+    sums = np.frombuffer(stream, "<u4", nblocks if v2 else 0, offs_begin + 8 * nblocks).tolist()
+    coded_begin = align(offs_begin + 8 * nblocks + 4 * len(sums))
     sym = np.empty(nsym, np.uint8)
     for b in range(nblocks):
         seg = stream[coded_begin + (offs[b - 1] if b else 0): coded_begin + offs[b]]
         n = min(nsym, (b + 1) << lg) - (b << lg)
         sym[b << lg: (b << lg) + n] = decode_block_fixed(seg, n) if seg[0] == 2 else decode_block(seg, n)
-    return dtype, shape, join(dtype, numel, sym, p8, p16)
+    data = join(dtype, numel, sym, p8, p16)
+    units = units_of(dtype, np.frombuffer(data, np.uint8))
+    for b, want in enumerate(sums):
+        if checksum(units[b << lg: (b + 1) << lg], b << lg) != want:
+            raise ValueError(f"block {b} checksum mismatch")
+    return dtype, shape, data
 
 
 def decode_block(seg: bytes, n: int) -> np.ndarray:

@@ -1,9 +1,10 @@
 """Bad input gets a clear error, never a crash."""
+import numpy as np
 import pytest
 import torch
 
 import portable_zip as pz
-from conftest import fresh_rng, weights
+from conftest import fresh_rng, same_bits, weights
 
 
 def stream(dtype=torch.bfloat16, numel=20_000):
@@ -52,8 +53,8 @@ def test_not_a_stream():
 
 def test_version_mismatch():
     buf = stream().clone()
-    buf[4] = 2
-    with pytest.raises(pz.FormatError, match="version 2; this build reads version 1"):
+    buf[4] = 3
+    with pytest.raises(pz.FormatError, match="version 3; this build reads versions 1 to 2"):
         pz.decompress(buf)
 
 
@@ -132,3 +133,207 @@ def test_bad_sm_budget():
             assert pz.codec._max_sms(None) == 0
         assert pz.codec._max_sms(None) == 4 and pz.codec._max_sms(2) == 2
     assert pz.codec._max_sms(None) == 0
+
+
+# Format v2 integrity: relabelled headers, forged headers, checksums.
+
+def resign(buf: torch.Tensor) -> torch.Tensor:
+    """buf with its header checksum recomputed: a forged header that passes the
+    header check, so the deeper checks have to catch it."""
+    from portable_zip import reference as ref
+
+    ndim = int(buf[7])
+    head = bytes(buf[: 32 + 8 * ndim].numpy().tobytes())
+    buf = buf.clone()
+    buf[28:32] = torch.frombuffer(bytearray(int(ref.header_sum(head)).to_bytes(4, "little")), dtype=torch.uint8)
+    return buf
+
+
+def test_relabel_bf16_fp16():
+    rng = fresh_rng()
+    for src, dst in ((torch.bfloat16, 2), (torch.float16, 1)):
+        buf = pz.compress(weights(rng, 20_000, src)).clone()
+        buf[5] = dst
+        with pytest.raises(pz.FormatError, match="header checksum"):
+            pz.decompress(buf)
+        # Even with a forged header checksum, the block checksums (of the
+        # elements as the other dtype would join them) do not match.
+        with pytest.raises(pz.FormatError, match="checksum"):
+            pz.decompress(resign(buf))
+
+
+def test_relabel_uint8_as_bool():
+    t = torch.from_numpy(fresh_rng().integers(0, 256, 5000, dtype=np.uint8))
+    t[0] = 7  # at least one byte that is no bool
+    buf = pz.compress(t).clone()
+    buf[5] = 12
+    with pytest.raises(pz.FormatError, match="header checksum"):
+        pz.decompress(buf)
+    out = torch.zeros(5000, dtype=torch.bool)
+    with pytest.raises(pz.FormatError, match="bool"):
+        pz.decompress(resign(buf), out=out)
+    assert out.view(torch.uint8).max() <= 1  # no invalid bool was produced
+
+
+def test_relabel_shape_and_sizes():
+    buf = pz.compress(weights(fresh_rng(), 20_000, torch.bfloat16).reshape(100, 200))
+    for off, val in ((32, 200), (40, 100), (8, int(buf[8]) ^ 16)):  # shape swapped partly; total moved by 16
+        bad = buf.clone()
+        bad[off] = val
+        with pytest.raises(pz.FormatError):
+            pz.decompress(bad)
+    bad = buf.clone()
+    bad[32], bad[40] = 200, 100  # (200, 100): every field valid, only the checksum says no
+    with pytest.raises(pz.FormatError, match="header checksum"):
+        pz.decompress(bad)
+
+
+def test_every_header_byte_is_covered():
+    """Any change to any header byte (fixed part and shape) raises."""
+    rng = fresh_rng()
+    for t in (weights(rng, 3000, torch.float32).reshape(3, 1000), torch.arange(70_000, dtype=torch.int32)):
+        buf = pz.compress(t)
+        ndim = int(buf[7])
+        for i in range(32 + 8 * ndim):
+            bad = buf.clone()
+            bad[i] ^= np.uint8(1 << int(rng.integers(0, 8)))
+            with pytest.raises(pz.FormatError):
+                pz.decompress(bad)
+
+
+def test_corrupted_payloads_raise_checksum():
+    rng = fresh_rng()
+    for t in (weights(rng, 50_000, torch.bfloat16), torch.arange(70_000, dtype=torch.int32)):
+        buf = pz.compress(t)
+        info = pz.inspect(buf)
+        begin = align16(info["header_bytes"])
+        bad = buf.clone()
+        bad[begin + 777] ^= 1  # a raw-plane (or raw payload) bit: nothing but the checksum sees it
+        with pytest.raises(pz.FormatError, match="checksum"):
+            pz.decompress(bad)
+
+
+def test_zero_dim_hides_no_huge_dim():
+    """A forged header: shape (0, 2^62) multiplies to 0 = numel, but no tensor
+    of that shape exists (torch.empty raises). It must be a FormatError."""
+    buf = pz.compress(torch.empty(0, 3, dtype=torch.float16)).clone()
+    buf[40:48] = torch.frombuffer(bytearray((1 << 62).to_bytes(8, "little")), dtype=torch.uint8)
+    with pytest.raises(pz.FormatError, match="shape"):
+        pz.decompress(buf)
+    with pytest.raises(pz.FormatError, match="shape"):
+        pz.decompress(resign(buf))
+    # The product of the nonzero dimensions is bounded too (2^48), before any checksum.
+    buf = pz.compress(torch.empty(0, 2, 2, dtype=torch.int8)).clone()
+    for at in (40, 48):
+        buf[at: at + 8] = torch.frombuffer(bytearray((1 << 25).to_bytes(8, "little")), dtype=torch.uint8)
+    with pytest.raises(pz.FormatError, match="shape"):
+        pz.decompress(resign(buf))
+
+
+def test_v1_header_rules_still_apply():
+    """A v1 stream has zeros where v2 keeps the header checksum."""
+    from pathlib import Path
+
+    golden = (Path(__file__).resolve().parent / "golden" / "bf16_weights.pz").read_bytes()
+    buf = torch.frombuffer(bytearray(golden), dtype=torch.uint8)
+    assert pz.inspect(buf)["format_version"] == 1
+    bad = buf.clone()
+    bad[29] = 1
+    with pytest.raises(pz.FormatError, match="parameters"):
+        pz.decompress(bad)
+
+
+@pytest.mark.parametrize("numel", [2**62, 2**48 + 1])
+def test_max_compressed_size_overflow(numel):
+    with pytest.raises(OverflowError, match="2\\^48"):
+        pz.max_compressed_size(numel, torch.float32)
+    with pytest.raises(OverflowError, match="2\\^48"):
+        pz.codec._C.max_compressed_size(3, numel, [numel])
+    assert pz.max_compressed_size(2**48, torch.float32) > 4 * 2**48
+
+
+# Lazy conj / neg views.
+
+def test_conj_and_neg_views_are_resolved():
+    rng = fresh_rng()
+    c = torch.from_numpy(rng.standard_normal(1001) + 1j * rng.standard_normal(1001)).to(torch.complex64)
+    f = weights(rng, 5001, torch.float32)
+    for view, want in ((c.conj(), c.conj().resolve_conj()), (torch._neg_view(f), -f),
+                       (torch._neg_view(f.to(torch.bfloat16)), -f.to(torch.bfloat16)),
+                       (torch._neg_view(c), -c)):
+        assert view.is_conj() or view.is_neg()
+        assert same_bits(pz.decompress(pz.compress(view)), want)
+        assert same_bits(pz.decompress_batch(pz.compress_batch([view, view]))[1], want)
+        out = torch.empty_like(want)
+        torch.ops.portable_zip.decompress_into(torch.ops.portable_zip.compress(view), out)
+        assert same_bits(out, want)
+
+
+def test_conj_and_neg_out_rejected():
+    rng = fresh_rng()
+    c = torch.from_numpy(rng.standard_normal(100) + 1j * rng.standard_normal(100)).to(torch.complex64)
+    f = weights(rng, 100, torch.float32)
+    for t, out in ((c, torch.empty_like(c).conj()), (f, torch._neg_view(torch.empty_like(f)))):
+        buf = pz.compress(t)
+        with pytest.raises(ValueError, match="lazy"):
+            pz.decompress(buf, out=out)
+        with pytest.raises(ValueError, match="lazy"):
+            pz.decompress_batch([buf], out=[out])
+        with pytest.raises(ValueError, match="lazy"):
+            torch.ops.portable_zip.decompress_into(torch.ops.portable_zip.compress(t), out)
+
+
+# out= overlapping the stream.
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.int32])
+def test_out_overlapping_stream_rejected(dtype):
+    t = weights(fresh_rng(), 4000, torch.float32).to(dtype) if dtype.is_floating_point else torch.arange(4000, dtype=dtype)
+    buf = pz.compress(t)
+    nbytes = t.nbytes
+    for shift in (0, 16, buf.numel() - 16, -nbytes + 16):  # out starts inside, at, or just before the stream
+        store = torch.zeros(buf.numel() + 2 * nbytes + 64, dtype=torch.uint8)
+        at = nbytes + 32
+        store[at: at + buf.numel()] = buf
+        stream = store[at: at + buf.numel()]
+        out = store[at + shift: at + shift + nbytes].view(dtype)
+        with pytest.raises(ValueError, match="overlaps"):
+            pz.decompress(stream, out=out)
+        with pytest.raises(ValueError, match="overlaps"):
+            pz.decompress_batch([stream], out=[out])
+    # Adjacent but disjoint is fine.
+    store = torch.zeros(buf.numel() + nbytes, dtype=torch.uint8)
+    store[: buf.numel()] = buf
+    out = store[buf.numel():].view(dtype)
+    assert same_bits(pz.decompress(store[: buf.numel()], out=out), t)
+
+
+def test_decompress_batch_outputs_overlapping_other_streams_or_outputs():
+    rng = fresh_rng()
+    a, b = weights(rng, 1000, torch.bfloat16), weights(rng, 1000, torch.bfloat16)
+    ba, bb = pz.compress(a), pz.compress(b)
+    store = torch.zeros(bb.numel() + 4096, dtype=torch.uint8)
+    store[: bb.numel()] = bb
+    with pytest.raises(ValueError, match="overlaps stream 1"):
+        pz.decompress_batch([ba, store[: bb.numel()]], out=[store[:2000].view(torch.bfloat16), torch.empty_like(b)])
+    shared = torch.empty(1000, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="overlaps out"):
+        pz.decompress_batch([ba, bb], out=[shared, shared])
+
+
+def test_zeroed_data_and_checksum_raise():
+    """A region zeroed together with its checksum (found by the fuzzer: a bool
+    [1] stream whose payload and chunk checksum were set to 0 decoded to
+    False). A one-element bf16 block the same way: plane byte, stored symbol
+    and block checksum all zero would decode to 0.0."""
+    for t in (torch.tensor([True]), torch.tensor([7], dtype=torch.uint8), torch.tensor([1.5], dtype=torch.bfloat16)):
+        buf = pz.compress(t).clone()
+        info = pz.inspect(buf)
+        begin = align16(info["header_bytes"])
+        bad = buf.clone()
+        bad[begin: begin + t.nbytes] = 0  # the payload, or the raw plane
+        bad[-4 if info["codec"] == "raw" else begin + 16 + 8: None if info["codec"] == "raw" else begin + 16 + 12] = 0
+        if info["codec"] != "raw":
+            bad[buf.numel() - 16 + 1] = 0  # the stored symbol (mode 0 segment, the stream's last 16 bytes)
+        assert not torch.equal(bad, buf)
+        with pytest.raises(pz.FormatError, match="checksum"):
+            pz.decompress(bad)

@@ -1,4 +1,5 @@
-"""Mutated streams: FormatError or a decode, never a crash, hang or OOB access."""
+"""Mutated streams: FormatError or a bit-identical decode (format v2's
+checksums), never wrong data, a crash, a hang or an OOB access."""
 import os
 import subprocess
 import sys
@@ -8,7 +9,7 @@ import numpy as np
 import torch
 
 import portable_zip as pz
-from conftest import CODED_DTYPES, fresh_rng, weights
+from conftest import CODED_DTYPES, fresh_rng, same_bits, weights
 
 ROOT = Path(__file__).resolve().parents[1]
 MUTATIONS = int(os.environ.get("PZ_FUZZ_MUTATIONS", "12000"))
@@ -36,27 +37,53 @@ def mutate(rng: np.random.Generator, s: np.ndarray) -> np.ndarray:
     return s
 
 
-def fuzz(streams, rng, count, device="cpu"):
-    outcomes = {"error": 0, "decoded": 0}
+def mutate_bytes(rng: np.random.Generator, s: np.ndarray) -> np.ndarray:
+    """1 to 4 bytes changed: a bit flipped or a byte replaced, anywhere."""
+    s = s.copy()
+    for _ in range(rng.integers(1, 5)):
+        i = rng.integers(0, s.size)
+        s[i] = rng.integers(0, 256) if rng.integers(0, 2) else s[i] ^ np.uint8(1 << rng.integers(0, 8))
+    return s
+
+
+def fuzz(streams, rng, count, device="cpu", mutator=mutate):
+    """Decodes `count` mutants of (tensor, stream) pairs: each must raise
+    FormatError or decode to exactly the original tensor."""
+    outcomes = {"header error": 0, "decode error": 0, "identical": 0}
     for k in range(count):
-        src = streams[k % len(streams)]
-        bad = torch.from_numpy(mutate(rng, src)).to(device)
+        t, src = streams[k % len(streams)]
+        bad = torch.from_numpy(mutator(rng, src)).to(device)
         try:
             out = pz.decompress(bad)
-            assert out.device.type == device
-            outcomes["decoded"] += 1
-        except pz.FormatError:
-            outcomes["error"] += 1
+        except pz.FormatError as e:
+            outcomes["decode error" if str(e).startswith("corrupted stream") else "header error"] += 1
+            continue
+        assert out.device.type == device
+        if not same_bits(out.cpu(), t):
+            m = bad.cpu().numpy()
+            n = min(m.size, src.size)
+            where = np.nonzero(m[:n] != src[:n])[0]
+            raise AssertionError(f"a mutated {t.dtype}{list(t.shape)} stream ({src.size} bytes, mutant {m.size}) "
+                                 f"decoded to {out.dtype}{list(out.shape)}, different data; changed bytes at "
+                                 f"{where[:16].tolist()}: {src[where[:16]].tolist()} -> {m[where[:16]].tolist()}; "
+                                 f"stream: {pz.inspect(torch.from_numpy(src))}")
+        outcomes["identical"] += 1
     return outcomes
 
 
 def make_streams(rng, device="cpu"):
+    """(tensor on the CPU, its trimmed stream as numpy) for every coded dtype and codec, and raw dtypes."""
     streams = []
-    for dtype in CODED_DTYPES + [torch.int16]:
-        for numel in (1, 50, 5000, 40_000):
-            t = weights(rng, numel, dtype, 0.02) if dtype in CODED_DTYPES else torch.arange(numel, dtype=dtype)
-            for codec in ("rans", "fixed"):
-                streams.append(pz.trim(pz.compress(t.to(device), codec=codec)).cpu().numpy())
+    for dtype in CODED_DTYPES + [torch.int16, torch.uint8, torch.bool]:
+        for numel in (1, 50, 5000, 40_000, 70_001):
+            if dtype in CODED_DTYPES:
+                t = weights(rng, numel, dtype, 0.02)
+            elif dtype == torch.bool:
+                t = torch.from_numpy(rng.integers(0, 2, numel).astype(np.bool_))
+            else:
+                t = torch.from_numpy(rng.integers(0, 256, numel * dtype.itemsize, dtype=np.uint8)).view(dtype)
+            for codec in ("rans", "fixed") if dtype in CODED_DTYPES else ("rans",):
+                streams.append((t, pz.trim(pz.compress(t.to(device), codec=codec)).cpu().numpy()))
     return streams
 
 
@@ -64,8 +91,18 @@ def test_mutated_streams_cpu():
     rng = fresh_rng()
     outcomes = fuzz(make_streams(rng), rng, MUTATIONS)
     assert sum(outcomes.values()) == MUTATIONS
-    # Both outcomes must occur, or the mutator is not exercising the decoder.
-    assert outcomes["error"] > MUTATIONS // 4 and outcomes["decoded"] > 0, outcomes
+    # Mutants must reach the block decoder, or the mutator is not exercising it.
+    assert outcomes["decode error"] > MUTATIONS // 10 and outcomes["header error"] > 0, outcomes
+
+
+def test_small_mutations_never_decode_wrong():
+    """Defect 9 of issue 9: 1,391 of 3,000 random 1-4-byte mutations used to
+    decode without error, to different data. Now each must raise or decode
+    bit-identical (a mutated padding byte)."""
+    rng = fresh_rng()
+    count = int(os.environ.get("PZ_SMALL_MUTATIONS", "6000"))
+    outcomes = fuzz(make_streams(rng), rng, count, mutator=mutate_bytes)
+    assert outcomes["decode error"] > count // 4, outcomes
 
 
 def test_cpp_fuzz_under_asan(tmp_path):

@@ -1,4 +1,8 @@
-"""Committed golden streams: any change to the bytes must be a deliberate format change."""
+"""Committed golden streams: any change to the bytes must be a deliberate format change.
+
+tests/golden/*.pz are format version 1 streams (written before the checksums
+existed): they must keep decoding. tests/golden/v<N>/ holds the current
+version's streams, which compress must reproduce byte for byte."""
 import json
 from pathlib import Path
 
@@ -10,33 +14,56 @@ from portable_zip import reference as ref
 from conftest import same_bits
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
-MANIFEST = json.loads((GOLDEN / "manifest.json").read_text())
+CURRENT = pz.backend_info()["format_version"]
+DIRS = {1: GOLDEN, CURRENT: GOLDEN / f"v{CURRENT}"}
+MANIFESTS = {v: json.loads((d / "manifest.json").read_text()) for v, d in DIRS.items()}
+CASES = [(v, name) for v in sorted(MANIFESTS) for name in sorted(MANIFESTS[v])]
 
 
-def load(name):
-    meta = MANIFEST[name]
+def load(version, name):
+    meta = MANIFESTS[version][name]
     dtype = getattr(torch, meta["dtype"])
-    raw = (GOLDEN / f"{name}.in").read_bytes()
+    raw = (DIRS[version] / f"{name}.in").read_bytes()
     t = torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(dtype) if raw else torch.empty(0, dtype=dtype)
-    return t.reshape(meta["shape"]), (GOLDEN / f"{name}.pz").read_bytes()
+    return t.reshape(meta["shape"]), (DIRS[version] / f"{name}.pz").read_bytes()
 
 
-def test_manifest_covers_every_coded_dtype():
-    assert {m["dtype"] for m in MANIFEST.values()} >= {"bfloat16", "float16", "float32", "float8_e4m3fn",
-                                                         "float8_e5m2", "int32"}
+def test_manifests_cover_every_coded_dtype():
+    assert CURRENT == 2
+    for m in MANIFESTS.values():
+        assert {x["dtype"] for x in m.values()} >= {"bfloat16", "float16", "float32", "float8_e4m3fn", "float8_e5m2",
+                                                    "int32"}
+    assert {"bool", "uint8"} <= {x["dtype"] for x in MANIFESTS[CURRENT].values()}
 
 
-@pytest.mark.parametrize("name", sorted(MANIFEST))
+@pytest.mark.parametrize("name", sorted(MANIFESTS[CURRENT]))
 def test_compress_reproduces_golden(name):
-    t, golden = load(name)
-    assert pz.compress(t, codec=MANIFEST[name]["codec"]).numpy().tobytes() == golden
+    t, golden = load(CURRENT, name)
+    assert pz.compress(t, codec=MANIFESTS[CURRENT][name]["codec"]).numpy().tobytes() == golden
 
 
-@pytest.mark.parametrize("name", sorted(MANIFEST))
-def test_golden_decodes(name):
-    t, golden = load(name)
+@pytest.mark.parametrize("version,name", CASES)
+def test_golden_decodes(version, name):
+    t, golden = load(version, name)
     buf = torch.frombuffer(bytearray(golden), dtype=torch.uint8)
+    assert pz.inspect(buf)["format_version"] == version
     assert same_bits(pz.decompress(buf), t)
     _, shape, data = ref.decompress(golden)
     assert shape == tuple(t.shape)
     assert data == (t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+
+
+@pytest.mark.parametrize("name", sorted(MANIFESTS[1]))
+def test_v1_and_v2_hold_the_same_symbols(name):
+    """v2 adds checksums only: the v1 golden's raw planes and block segments
+    reappear unchanged in the v2 stream of the same tensor."""
+    t, v1 = load(1, name)
+    v2 = pz.compress(t, codec=MANIFESTS[1][name]["codec"]).numpy().tobytes()
+    i1 = pz.inspect(torch.frombuffer(bytearray(v1), dtype=torch.uint8))
+    i2 = pz.inspect(torch.frombuffer(bytearray(v2), dtype=torch.uint8))
+    assert i1["raw_bytes"] == i2["raw_bytes"] and i1["coded_bytes"] == i2["coded_bytes"]
+    begin = i1["header_bytes"] + (-i1["header_bytes"] % 16)
+    raw = slice(begin, begin + i1["raw_bytes"])
+    assert v1[raw] == v2[raw]
+    if i1["coded_bytes"]:
+        assert v1[-i1["coded_bytes"]:] == v2[-i2["coded_bytes"]:]

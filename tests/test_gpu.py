@@ -1,12 +1,18 @@
 """GPU suite (ci/gpu on the GPU machine): the CPU suite's checks on device
 tensors, plus byte equality with the CPU codec in both directions."""
+import json
+import os
+import time
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 
 import portable_zip as pz
 from conftest import fresh_rng, random_bits, same_bits, weights
-from test_fuzz import fuzz, make_streams
+from test_errors import resign
+from test_fuzz import fuzz, make_streams, mutate, mutate_bytes
 
 pytestmark = pytest.mark.gpu
 if not (torch.cuda.is_available() and pz.backend_info()["backend"] in ("cuda", "hip")):
@@ -97,12 +103,89 @@ def test_gpu_errors():
 
 
 def test_gpu_mutated_streams():
+    """Every mutant of a GPU-made stream, decoded on the GPU: FormatError or
+    the original bits. PZ_GPU_FUZZ mutants (default 3000), half of them 1-4
+    byte changes; PZ_GPU_FUZZ_SECONDS stops early (under a sanitizer) and the
+    count that ran is printed."""
     rng = fresh_rng()
-    count = int(__import__("os").environ.get("PZ_GPU_FUZZ", "3000"))
-    outcomes = fuzz(make_streams(rng, DEV), rng, count, DEV)
-    assert outcomes["error"] > count // 4 and outcomes["decoded"] > 0, outcomes
+    count = int(os.environ.get("PZ_GPU_FUZZ", "3000"))
+    seconds = float(os.environ.get("PZ_GPU_FUZZ_SECONDS", "inf"))
+    streams = make_streams(rng, DEV)
+    start, done, total = time.monotonic(), 0, {}
+    while done < count and time.monotonic() - start < seconds:
+        k = min(200, count - done)
+        for name, v in fuzz(streams, rng, k, DEV, mutator=mutate_bytes if (done // 200) % 2 else mutate).items():
+            total[name] = total.get(name, 0) + v
+        done += k
+    print(f"gpu fuzz: {done} mutated streams in {time.monotonic() - start:.0f} s: {total}")
+    assert total["decode error"] > done // 10, total
     # The device is still healthy after hostile input.
     gpu_roundtrip(weights(rng, 100_000, torch.bfloat16))
+
+
+def test_gpu_raw_streams():
+    """Raw dtypes go through the raw kernel: payloads of several 64 KiB
+    checksum chunks with odd tails, bools, empty tensors, unaligned views."""
+    rng = fresh_rng()
+    for numel in (0, 1, 3, 65_537, 200_003):
+        gpu_roundtrip(random_bits(rng, numel, torch.uint8))
+        gpu_roundtrip(torch.from_numpy(rng.integers(0, 2, numel).astype(np.bool_)))
+    gpu_roundtrip(random_bits(rng, 70_001, torch.int64).reshape(-1, 1))
+    base = random_bits(rng, 100_003, torch.int16).to(DEV)
+    view = base[3:]  # 6 bytes into its storage: the unaligned (word) path
+    assert view.data_ptr() % 16
+    assert torch.equal(pz.trim(pz.compress(view)).cpu(), pz.compress(view.cpu()))
+    out = torch.empty(100_001, dtype=torch.int16, device=DEV)[1:]  # unaligned output
+    assert same_bits(pz.decompress(pz.compress(view), out=out).cpu(), view.cpu())
+
+
+def test_gpu_checksums_catch_what_decodes():
+    """Corruptions the decoder alone cannot see: a raw-plane bit, a raw
+    payload bit, a relabelled dtype with a forged header checksum, a uint8
+    stream relabelled as bool (no invalid bool may reach the output)."""
+    rng = fresh_rng()
+    for t in (weights(rng, 300_001, torch.bfloat16), random_bits(rng, 300_001, torch.int32)):
+        buf = pz.trim(pz.compress(t.to(DEV)))
+        info = pz.inspect(buf)
+        bad = buf.clone()
+        bad[(info["header_bytes"] + 15) // 16 * 16 + 200_000] ^= 4
+        with pytest.raises(pz.FormatError, match="checksum"):
+            pz.decompress(bad)
+    buf = pz.trim(pz.compress(weights(rng, 300_001, torch.bfloat16).to(DEV))).cpu()
+    buf[5] = 2
+    with pytest.raises(pz.FormatError, match="header checksum"):
+        pz.decompress(buf.to(DEV))
+    with pytest.raises(pz.FormatError, match="checksum"):
+        pz.decompress(resign(buf).to(DEV))
+    u8 = random_bits(rng, 200_003, torch.uint8)
+    buf = pz.compress(u8).clone()
+    buf[5] = 12
+    out = torch.zeros(200_003, dtype=torch.bool, device=DEV)
+    with pytest.raises(pz.FormatError, match="bool"):
+        pz.decompress(resign(buf).to(DEV), out=out)
+    assert int(out.view(torch.uint8).max()) <= 1
+
+
+def test_gpu_decodes_v1_goldens():
+    golden = Path(__file__).resolve().parent / "golden"
+    for name, meta in json.loads((golden / "manifest.json").read_text()).items():
+        raw = (golden / f"{name}.in").read_bytes()
+        dtype = getattr(torch, meta["dtype"])
+        t = (torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(dtype) if raw else torch.empty(0, dtype=dtype))
+        buf = torch.frombuffer(bytearray((golden / f"{name}.pz").read_bytes()), dtype=torch.uint8).to(DEV)
+        assert pz.inspect(buf)["format_version"] == 1
+        assert same_bits(pz.decompress(buf).cpu(), t.reshape(meta["shape"])), name
+
+
+def test_gpu_out_overlapping_stream():
+    t = weights(fresh_rng(), 10_000, torch.bfloat16).to(DEV)
+    buf = pz.compress(t)
+    with pytest.raises(ValueError, match="overlaps"):
+        pz.decompress(buf, out=buf[: t.nbytes].view(torch.bfloat16))
+    c = torch.randn(1000, dtype=torch.complex64, device=DEV)
+    assert same_bits(pz.decompress(pz.compress(c.conj())).cpu(), c.conj().resolve_conj().cpu())
+    with pytest.raises(ValueError, match="lazy"):
+        pz.decompress(pz.compress(c), out=torch.empty_like(c).conj())
 
 
 @pytest.mark.slow

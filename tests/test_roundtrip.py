@@ -143,8 +143,8 @@ def test_random_bits_never_grow_past_bound(coded_dtype):
         assert buf.numel() <= bound
         nsym = (numel + 1) // 2 if coded_dtype.itemsize == 1 else numel
         blocks = -(-nsym // 4096)
-        # Input + header (<= 32 + 8*16, padded) + per block: offset, mode byte, padding.
-        assert bound <= t.nbytes + 176 + 16 + 24 * blocks + 32
+        # Input + header (<= 32 + 8*16, padded) + per block: offset, checksum, mode byte, padding.
+        assert bound <= t.nbytes + 176 + 16 + 28 * blocks + 32
 
 
 def test_decode_truncated_to_reported_size(coded_dtype):
@@ -197,7 +197,7 @@ def test_batch_api(coded_dtype, codec):
 def test_inspect_fields():
     t = weights(fresh_rng(), 1 << 20, torch.bfloat16).reshape(1024, 1024)
     info = pz.inspect(pz.compress(t))
-    assert info["format_version"] == 1 and info["codec"] == "rans"
+    assert info["format_version"] == 2 and info["codec"] == "rans"
     assert info["dtype"] == torch.bfloat16 and info["shape"] == (1024, 1024)
     assert info["original_bytes"] == t.nbytes
     assert 0.6 < info["ratio"] < 0.68
@@ -207,4 +207,4 @@ def test_inspect_fields():
 def test_backend_info():
     info = pz.backend_info()
     assert info["backend"] in ("cpu", "cuda", "hip")
-    assert info["lanes"] == 32 and info["format_version"] == 1
+    assert info["lanes"] == 32 and info["format_version"] == 2

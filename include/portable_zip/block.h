@@ -14,6 +14,8 @@ enum DecodeError : uint32_t {
   kErrTable = 1u << 1,    // malformed frequency table
   kErrSegment = 1u << 2,  // segment too short for its mode / unknown mode
   kErrStream = 1u << 3,   // rANS states or words inconsistent (corrupted data)
+  kErrChecksum = 1u << 4, // decoded bytes differ from the block's (or raw chunk's) checksum
+  kErrBool = 1u << 5,     // a bool stream holds a byte other than 0 or 1
 };
 
 // Where block b's segment lies, from the offset table; returns false (and
@@ -47,14 +49,16 @@ PZ_HOST_DEVICE PZ_FORCE_INLINE void write_raw(uint8_t* stream, const fmt::Layout
   }
 }
 
-PZ_HOST_DEVICE PZ_FORCE_INLINE uint32_t get_u32(const uint8_t* p) {
-  return p[0] | (uint32_t(p[1]) << 8) | (uint32_t(p[2]) << 16) | (uint32_t(p[3]) << 24);
-}
-PZ_HOST_DEVICE PZ_FORCE_INLINE void put_u32(uint8_t* p, uint32_t v) {
-  p[0] = uint8_t(v);
-  p[1] = uint8_t(v >> 8);
-  p[2] = uint8_t(v >> 16);
-  p[3] = uint8_t(v >> 24);
+using fmt::get_u32;
+using fmt::put_u32;
+
+// Checksum of a raw payload's 32-bit word k (bytes 4k..4k+3 of the payload,
+// zero past its end `len`), read from p = the payload's start.
+PZ_HOST_DEVICE PZ_FORCE_INLINE uint32_t raw_word(const uint8_t* p, uint64_t k, uint64_t len) {
+  if (4 * k + 4 <= len) return get_u32(p + 4 * k);
+  uint32_t w = 0;
+  for (uint64_t i = 4 * k; i < len; ++i) w |= uint32_t(p[i]) << (8 * (i - 4 * k));
+  return w;
 }
 
 // Freq in the low 16 bits, cumulative freq in the high 16.

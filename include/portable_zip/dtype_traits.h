@@ -1,6 +1,7 @@
 // Per-dtype split of a value into an 8-bit symbol (entropy-coded) and raw
 // bits (stored as they are), and the exact inverse. Symbol i covers element i,
-// or elements 2i and 2i+1 for fp8.
+// or elements 2i and 2i+1 for fp8. unit() is the symbol's element bytes as one
+// little-endian integer: what the v2 block checksum hashes.
 #pragma once
 #include <stdint.h>
 
@@ -30,6 +31,9 @@ struct FloatTraits<fmt::DType::BFloat16> {
     out[2 * i] = uint8_t(w);
     out[2 * i + 1] = uint8_t(w >> 8);
   }
+  PZ_HOST_DEVICE static PZ_FORCE_INLINE uint32_t unit(const uint8_t* p, uint64_t i, uint64_t) {
+    return p[2 * i] | (uint32_t(p[2 * i + 1]) << 8);
+  }
 };
 
 // fp16: symbol = top byte (sign, 5 exponent bits, 2 mantissa bits); raw = low byte.
@@ -42,6 +46,9 @@ struct FloatTraits<fmt::DType::Float16> {
   PZ_HOST_DEVICE static PZ_FORCE_INLINE void join(uint8_t* out, uint64_t i, uint64_t, uint8_t sym, uint8_t raw8, uint16_t) {
     out[2 * i] = raw8;
     out[2 * i + 1] = sym;
+  }
+  PZ_HOST_DEVICE static PZ_FORCE_INLINE uint32_t unit(const uint8_t* p, uint64_t i, uint64_t) {
+    return p[2 * i] | (uint32_t(p[2 * i + 1]) << 8);
   }
 };
 
@@ -62,6 +69,10 @@ struct FloatTraits<fmt::DType::Float32> {
     p[1] = uint8_t(w >> 8);
     p[2] = uint8_t(w >> 16);
     p[3] = uint8_t(w >> 24);
+  }
+  PZ_HOST_DEVICE static PZ_FORCE_INLINE uint32_t unit(const uint8_t* p, uint64_t i, uint64_t) {
+    p += 4 * i;
+    return p[0] | (uint32_t(p[1]) << 8) | (uint32_t(p[2]) << 16) | (uint32_t(p[3]) << 24);
   }
 };
 
@@ -86,6 +97,10 @@ struct Fp8PairTraits {
   PZ_HOST_DEVICE static PZ_FORCE_INLINE void join(uint8_t* out, uint64_t i, uint64_t numel, uint8_t sym, uint8_t raw8, uint16_t) {
     out[2 * i] = unsplit(sym & 0xf, raw8 & 0xf);
     if (2 * i + 1 < numel) out[2 * i + 1] = unsplit(sym >> 4, raw8 >> 4);
+  }
+  // The pair's element bytes; an odd last element pairs with zero.
+  PZ_HOST_DEVICE static PZ_FORCE_INLINE uint32_t unit(const uint8_t* p, uint64_t i, uint64_t numel) {
+    return p[2 * i] | (2 * i + 1 < numel ? uint32_t(p[2 * i + 1]) << 8 : 0u);
   }
 };
 

@@ -1,6 +1,7 @@
-// The portable_zip wire format, version 1. docs/FORMAT.md is the byte-by-byte
-// description; this header is its executable form. All integers are
-// little-endian. Nothing here depends on the vendor or the warp width.
+// The portable_zip wire format, version 2 (version 1 streams still decode).
+// docs/FORMAT.md is the byte-by-byte description; this header is its
+// executable form. All integers are little-endian. Nothing here depends on the
+// vendor or the warp width.
 #pragma once
 #include <stdint.h>
 
@@ -9,7 +10,8 @@
 namespace pz::fmt {
 
 constexpr uint8_t kMagic[4] = {'P', 'Z', 'I', 'P'};
-constexpr uint8_t kVersion = 1;
+constexpr uint8_t kVersion = 2;     // what the encoder writes
+constexpr uint8_t kMinVersion = 1;  // the oldest the decoder reads (no checksums)
 
 // rANS constants. The interleave width is part of the format, not the hardware.
 constexpr int kLanes = 32;
@@ -29,6 +31,13 @@ constexpr int kFixedHeaderBytes = 32;
 constexpr int kMaxDims = 16;
 constexpr int kMaxHeaderBytes = kFixedHeaderBytes + 8 * kMaxDims;
 constexpr int kAlign = 16;
+// Largest element count (and largest single dimension) a header may name:
+// 2^48 elements keep every byte count below 2^53, far from wrapping.
+constexpr uint64_t kMaxNumel = 1ull << 48;
+// Raw (codec 0) payloads carry one checksum per chunk of 2^16 bytes.
+constexpr int kRawChunkLog2 = 16;
+// Byte offset of the header checksum (version 2).
+constexpr int kHeaderSumOffset = 28;
 
 // Rans: interleaved rANS over the symbols. Fixed: a ZipCCL-style fixed-length
 // code (the block's 7 most frequent symbols get 3-bit codes, code 7 escapes to
@@ -110,6 +119,40 @@ PZ_HOST_DEVICE constexpr uint64_t num_symbols(DType d, uint64_t numel) {
 // plane holding the low mantissa bits.
 PZ_HOST_DEVICE constexpr bool has_plane16(DType d) { return d == DType::Float32; }
 
+PZ_HOST_DEVICE PZ_FORCE_INLINE uint32_t get_u32(const uint8_t* p) {
+  return p[0] | (uint32_t(p[1]) << 8) | (uint32_t(p[2]) << 16) | (uint32_t(p[3]) << 24);
+}
+PZ_HOST_DEVICE PZ_FORCE_INLINE void put_u32(uint8_t* p, uint32_t v) {
+  p[0] = uint8_t(v);
+  p[1] = uint8_t(v >> 8);
+  p[2] = uint8_t(v >> 16);
+  p[3] = uint8_t(v >> 24);
+}
+
+// The checksum of format version 2: a sum, mod 2^32, of one term per 32-bit
+// unit, term = fmix32(unit ^ index * 0x9E3779B9) (MurmurHash3's finalizer).
+// A sum of independent terms has no order, so 32 lanes (or threads, or SIMD
+// registers) each add their share and one reduction finishes it: no extra
+// pass over the data and no sequential dependency. fmix32 and the XOR are
+// bijections, so any change to a single unit always changes the sum; other
+// changes escape with probability about 2^-32. The index makes the sum
+// position-dependent (swapped units are caught).
+PZ_HOST_DEVICE PZ_FORCE_INLINE uint32_t hash_term(uint32_t unit, uint32_t index) {
+  uint32_t t = unit ^ (index * 0x9E3779B9u);
+  t ^= t >> 16;
+  t *= 0x85EBCA6Bu;
+  t ^= t >> 13;
+  t *= 0xC2B2AE35u;
+  t ^= t >> 16;
+  return t;
+}
+
+// Every v2 checksum is this seed plus its sum of terms. term(0, 0) is 0, so
+// without a seed a zeroed region (data and checksum alike: a classic
+// corruption) would check out whenever its terms sum to zero.
+constexpr uint32_t kChecksumSeed = 0x505A4932u;  // "2IZP"
+PZ_HOST_DEVICE PZ_FORCE_INLINE uint32_t finish_checksum(uint32_t sum) { return sum + kChecksumSeed; }
+
 struct Header {
   uint8_t version = kVersion;
   DType dtype = DType::Invalid;
@@ -130,17 +173,26 @@ struct Layout {
   uint64_t plane16_begin;  // fp32 only
   uint64_t raw_end;
   uint64_t offsets_begin;  // u64 end offset of each block, relative to coded_begin
-  uint64_t coded_begin;
+  uint64_t sums_begin;     // v2: u32 checksum of each block (coded) or payload chunk (raw)
+  uint64_t nsums;          // v2: how many; 0 in v1
+  uint64_t coded_begin;    // Raw codec: the end of the stream
 };
 
 PZ_HOST_DEVICE inline Layout layout_of(const Header& h) {
   Layout l{};
   l.header_bytes = kFixedHeaderBytes + 8ull * h.ndim;
   l.raw_begin = align_up(l.header_bytes, kAlign);
+  const bool sums = h.version >= 2;
   if (h.codec == Codec::Raw) {
     l.raw_end = l.raw_begin + h.numel * static_cast<uint64_t>(elem_size(h.dtype));
-    l.plane16_begin = l.raw_end;
-    l.offsets_begin = l.coded_begin = l.raw_end;
+    l.plane16_begin = l.offsets_begin = l.raw_end;
+    if (!sums) {
+      l.sums_begin = l.coded_begin = l.raw_end;
+      return l;
+    }
+    l.sums_begin = align_up(l.raw_end, kAlign);
+    l.nsums = (l.raw_end - l.raw_begin + (1ull << kRawChunkLog2) - 1) >> kRawChunkLog2;
+    l.coded_begin = l.sums_begin + 4 * l.nsums;
     return l;
   }
   l.nsym = num_symbols(h.dtype, h.numel);
@@ -148,7 +200,9 @@ PZ_HOST_DEVICE inline Layout layout_of(const Header& h) {
   l.plane16_begin = align_up(l.raw_begin + l.nsym, kAlign);
   l.raw_end = has_plane16(h.dtype) ? l.plane16_begin + 2 * l.nsym : l.raw_begin + l.nsym;
   l.offsets_begin = align_up(l.raw_end, kAlign);
-  l.coded_begin = align_up(l.offsets_begin + 8 * l.nblocks, kAlign);
+  l.sums_begin = l.offsets_begin + 8 * l.nblocks;
+  l.nsums = sums ? l.nblocks : 0;
+  l.coded_begin = align_up(l.sums_begin + 4 * l.nsums, kAlign);
   return l;
 }
 
@@ -195,6 +249,22 @@ PZ_HOST_DEVICE inline uint64_t get_u64(const uint8_t* p) {
   return v;
 }
 
+// The header's 32-bit word k as the checksum sees it: the total (bytes 8..15)
+// is taken from `total` (the GPU encoder learns it last), the checksum field
+// itself is zero.
+PZ_HOST_DEVICE PZ_FORCE_INLINE uint32_t header_word(const uint8_t* p, uint32_t k, uint64_t total) {
+  return k == 2 ? static_cast<uint32_t>(total) : k == 3 ? static_cast<uint32_t>(total >> 32)
+         : k == kHeaderSumOffset / 4 ? 0u : get_u32(p + 4 * k);
+}
+
+// Version 2 header checksum: hash_term over the header's words (fixed part
+// and shape), word index as the index.
+PZ_HOST_DEVICE inline uint32_t header_checksum(const uint8_t* p, uint64_t header_bytes, uint64_t total) {
+  uint32_t s = 0;
+  for (uint32_t k = 0; k < header_bytes / 4; ++k) s += hash_term(header_word(p, k, total), k);
+  return finish_checksum(s);
+}
+
 // Writes header_bytes bytes, then zero padding up to raw_begin.
 inline void write_header(const Header& h, uint8_t* out) {
   const Layout l = layout_of(h);
@@ -210,12 +280,13 @@ inline void write_header(const Header& h, uint8_t* out) {
   out[25] = kProbBits;
   out[26] = kLanes;
   for (int d = 0; d < h.ndim; ++d) put_u64(out + kFixedHeaderBytes + 8 * d, static_cast<uint64_t>(h.shape[d]));
+  if (h.version >= 2) put_u32(out + kHeaderSumOffset, header_checksum(out, l.header_bytes, h.total_bytes));
 }
 
 // Worst-case stream size: every block stored.
 inline uint64_t max_stream_bytes(const Header& h) {
   const Layout l = layout_of(h);
-  if (h.codec == Codec::Raw) return l.raw_end;
+  if (h.codec == Codec::Raw) return l.coded_begin;
   uint64_t total = l.coded_begin;
   const uint64_t full = l.nblocks ? l.nblocks - 1 : 0;
   total += full * max_segment_bytes(1ull << h.block_log2);
@@ -234,6 +305,7 @@ enum class ParseError {
   BadParams,
   BadShape,
   BadTotal,
+  BadChecksum,
   Truncated,
 };
 
@@ -247,8 +319,9 @@ inline const char* parse_error_text(ParseError e) {
     case ParseError::BadCodec: return "unknown codec code in header";
     case ParseError::BadNdim: return "ndim in header exceeds 16 or the stream ends inside the shape";
     case ParseError::BadParams: return "header codec parameters (block size, probability bits, lane count, reserved bytes) are invalid";
-    case ParseError::BadShape: return "header shape is negative or does not multiply to numel";
+    case ParseError::BadShape: return "header shape is negative, too large (a dimension or the element count over 2^48) or does not multiply to numel";
     case ParseError::BadTotal: return "header total size is inconsistent with its layout";
+    case ParseError::BadChecksum: return "header checksum mismatch: the header is corrupted (or was edited)";
     case ParseError::Truncated: return "stream is truncated: shorter than the total size in its header";
   }
   return "unknown error";
@@ -263,7 +336,7 @@ inline ParseError parse_header(const uint8_t* p, uint64_t head_len, uint64_t str
   for (int i = 0; i < 4; ++i)
     if (p[i] != kMagic[i]) return ParseError::BadMagic;
   h->version = p[4];
-  if (h->version != kVersion) return ParseError::BadVersion;
+  if (h->version < kMinVersion || h->version > kVersion) return ParseError::BadVersion;
   if (p[5] == 0 || p[5] >= static_cast<uint8_t>(DType::Count)) return ParseError::BadDType;
   h->dtype = static_cast<DType>(p[5]);
   if (p[6] >= kNumCodecs) return ParseError::BadCodec;
@@ -273,7 +346,8 @@ inline ParseError parse_header(const uint8_t* p, uint64_t head_len, uint64_t str
   h->total_bytes = get_u64(p + 8);
   h->numel = get_u64(p + 16);
   h->block_log2 = p[24];
-  if (p[25] != kProbBits || p[26] != kLanes || p[27] != 0 || get_u64(p + 24) >> 32 != 0)
+  // Byte 27 is zero; bytes 28..31 are zero in v1 and the header checksum in v2.
+  if (p[25] != kProbBits || p[26] != kLanes || p[27] != 0 || (h->version < 2 && get_u64(p + 24) >> 32 != 0))
     return ParseError::BadParams;
   if (h->codec != Codec::Raw) {
     if (!is_coded(h->dtype) || h->block_log2 < kMinBlockLog2 || h->block_log2 > kMaxBlockLog2)
@@ -281,7 +355,9 @@ inline ParseError parse_header(const uint8_t* p, uint64_t head_len, uint64_t str
   } else if (h->block_log2 != 0) {
     return ParseError::BadParams;
   }
-  // Shape must multiply to numel without overflow; numel * elem_size must fit.
+  // Shape must multiply to numel. The product of the nonzero dimensions is
+  // bounded too, so a zero dimension cannot hide a huge one (a shape no
+  // tensor library can allocate, even empty).
   uint64_t prod = 1;
   bool zero = false;
   for (int d = 0; d < h->ndim; ++d) {
@@ -289,19 +365,23 @@ inline ParseError parse_header(const uint8_t* p, uint64_t head_len, uint64_t str
     if (s < 0) return ParseError::BadShape;
     h->shape[d] = s;
     if (s == 0) zero = true;
-    else if (!zero && prod > (1ull << 48) / static_cast<uint64_t>(s)) return ParseError::BadShape;
-    else if (!zero) prod *= static_cast<uint64_t>(s);
+    else if (prod > kMaxNumel / static_cast<uint64_t>(s)) return ParseError::BadShape;
+    else prod *= static_cast<uint64_t>(s);
   }
   if (zero) prod = 0;
   if (prod != h->numel) return ParseError::BadShape;
   const Layout l = layout_of(*h);
   if (h->codec == Codec::Raw) {
-    if (h->total_bytes != l.raw_end) return ParseError::BadTotal;
+    if (h->total_bytes != l.coded_begin) return ParseError::BadTotal;
   } else {
     // Every block holds at least its mode byte, padded to 16.
     if (h->total_bytes < l.coded_begin + kAlign * l.nblocks) return ParseError::BadTotal;
     if (h->total_bytes > max_stream_bytes(*h)) return ParseError::BadTotal;
   }
+  // Last: every field is in range, so a mismatch means a relabelled or
+  // corrupted header whose fields merely look plausible.
+  if (h->version >= 2 && get_u32(p + kHeaderSumOffset) != header_checksum(p, l.header_bytes, h->total_bytes))
+    return ParseError::BadChecksum;
   if (h->total_bytes > stream_len) return ParseError::Truncated;
   return ParseError::Ok;
 }

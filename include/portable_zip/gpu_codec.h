@@ -44,6 +44,16 @@ struct DecompressParams {
   fmt::Header h;
 };
 
+// A stream stored raw (codec 0). Encode: in is the tensor, out the stream,
+// header its serialized bytes through raw_begin. Decode: in is the stream.
+struct RawParams {
+  const uint8_t* in;
+  uint8_t* out;
+  uint32_t* err;
+  fmt::Header h;
+  uint8_t header[fmt::kMaxHeaderBytes + fmt::kAlign];
+};
+
 // Shared memory per group for compress: the encode table (whose first 1 KB
 // holds the merged counts until the table is built), frequency scratch (the
 // fixed code's symbol -> code map), then an 8 KB staging buffer for the
@@ -253,6 +263,23 @@ PZ_DEVICE PZ_FORCE_INLINE Chunk<D> split_chunk(const RawChunk<D>& r) {
     c.raw16[k >> 1] |= uint32_t(sp.raw16) << (16 * (k & 1));
   }
   return c;
+}
+
+// The v2 checksum terms of a loaded chunk's 8 symbols, the first at `index`:
+// each symbol's element bytes are one 16-bit (fp32: 32-bit) lane of the
+// vector, so this is FloatTraits::unit without the byte shuffling.
+template <fmt::DType D>
+PZ_DEVICE PZ_FORCE_INLINE uint32_t chunk_checksum(const RawChunk<D>& r, uint32_t index) {
+  uint32_t w[2 * kSymBytes<D>];
+#pragma unroll
+  for (int j = 0; j < kSymBytes<D> / 2; ++j) w[4 * j] = r.v[j].x, w[4 * j + 1] = r.v[j].y, w[4 * j + 2] = r.v[j].z, w[4 * j + 3] = r.v[j].w;
+  uint32_t s = 0;
+#pragma unroll
+  for (int k = 0; k < kChunkSyms; ++k) {
+    const uint32_t unit = kSymBytes<D> == 4 ? w[k] : (w[k >> 1] >> (16 * (k & 1))) & 0xffff;
+    s += fmt::hash_term(unit, index + k);
+  }
+  return s;
 }
 
 template <fmt::DType D>
@@ -491,12 +518,14 @@ PZ_DEVICE Segment encode_block(const CompressParams& p, const fmt::Layout& l, ui
     atomic_add<Scope::Block>(&hist[(sym >> 1) * kHistReplicas + (lane & (kHistReplicas - 1))], 1u << (16 * (sym & 1)));
   };
   uint32_t scalar_from = 0;
+  uint32_t sum = 0;  // this lane's share of the block checksum (v2)
   if (Aligned) {
     // Software pipeline: the next two rows are in flight while two are consumed.
     constexpr uint32_t kRow = fmt::kLanes * kChunkSyms;
     auto row_full = [&](uint32_t row) { return chunk_in_range<D>(h, first, row + (fmt::kLanes - 1) * kChunkSyms, n); };
     auto consume = [&](uint32_t i, const RawChunk<D>& r) {
       const Chunk<D> c = split_chunk<D>(r);
+      sum += chunk_checksum<D>(r, static_cast<uint32_t>(first + i));
 #pragma unroll
       for (int k = 0; k < kChunkSyms; ++k) count((c.sym[k >> 2] >> (8 * (k & 3))) & 0xff);
       *reinterpret_cast<uint2*>(p.out + l.raw_begin + first + i) = make_uint2(c.raw8[0], c.raw8[1]);
@@ -530,7 +559,10 @@ PZ_DEVICE Segment encode_block(const CompressParams& p, const fmt::Layout& l, ui
     const Split sp = T::split(p.in, first + i, h.numel);
     count(sp.sym);
     write_raw(p.out, l, plane16, first + i, sp);
+    sum += fmt::hash_term(T::unit(p.in, first + i, h.numel), static_cast<uint32_t>(first + i));
   }
+  sum = fmt::finish_checksum(group_sum32(sum));
+  if (l.nsums && lane == 0) *reinterpret_cast<uint32_t*>(p.out + l.sums_begin + 4 * b) = sum;  // 4-byte aligned
   group_sync();
   // Merge: lane L sums words 4L..4L+3 over the 16 histograms, starting at its
   // own so that lanes read different banks.
@@ -627,15 +659,23 @@ PZ_DEVICE PZ_FORCE_INLINE void compress_ticket(const CompressParams& p, uint64_t
       if (lane == 0) *reinterpret_cast<uint64_t*>(p.out + l.offsets_begin + 8 * b) = excl + padded;
       if (b == 0) {
         // Header (minus the total, which the last block owns) and the zero gaps.
+        // (The last block owns the total and the header checksum.)
         for (uint64_t i = lane; i < l.raw_begin; i += fmt::kLanes)
-          if (i < 8 || i >= 16) p.out[i] = p.header[i];
+          if (i < 8 || (i >= 16 && i < fmt::kHeaderSumOffset) || i >= fmt::kHeaderSumOffset + 4) p.out[i] = p.header[i];
         for (uint64_t i = l.raw_begin + l.nsym + lane; i < l.plane16_begin && plane16; i += fmt::kLanes) p.out[i] = 0;
         for (uint64_t i = l.raw_end + lane; i < l.offsets_begin; i += fmt::kLanes) p.out[i] = 0;
-        for (uint64_t i = l.offsets_begin + 8 * l.nblocks + lane; i < l.coded_begin; i += fmt::kLanes) p.out[i] = 0;
+        for (uint64_t i = l.sums_begin + 4 * l.nsums + lane; i < l.coded_begin; i += fmt::kLanes) p.out[i] = 0;
       }
-      if (b + 1 == l.nblocks && lane == 0) {
+      if (b + 1 == l.nblocks) {  // group-uniform
         const uint64_t total = l.coded_begin + excl + padded;
-        for (int i = 0; i < 8; ++i) p.out[8 + i] = static_cast<uint8_t>(total >> (8 * i));
+        uint32_t hsum = 0;
+        for (uint32_t k = lane; k < l.header_bytes / 4; k += fmt::kLanes)
+          hsum += fmt::hash_term(fmt::header_word(p.header, k, total), k);
+        hsum = fmt::finish_checksum(group_sum32(hsum));
+        if (lane == 0) {
+          for (int i = 0; i < 8; ++i) p.out[8 + i] = static_cast<uint8_t>(total >> (8 * i));
+          put_u32(p.out + fmt::kHeaderSumOffset, h.version >= 2 ? hsum : 0u);
+        }
       }
     }
 }
@@ -693,21 +733,32 @@ PZ_GLOBAL void __launch_bounds__(kCtaThreads) compress_kernel(CompressLaunch lau
 }
 
 // Writes symbol i's element(s) with one store of the element's width (the
-// output tensor is aligned to its dtype); fp8 pairs go byte by byte.
+// output tensor is aligned to its dtype); fp8 pairs go byte by byte. Returns
+// the symbol's element bytes as FloatTraits::unit reads them (for the v2
+// checksum), from registers: no load of what was just stored.
 template <fmt::DType D>
-PZ_DEVICE PZ_FORCE_INLINE void store_element(uint8_t* out, uint64_t i, uint64_t numel, uint8_t sym, uint8_t raw8,
-                                             uint16_t raw16) {
+PZ_DEVICE PZ_FORCE_INLINE uint32_t store_element(uint8_t* out, uint64_t i, uint64_t numel, uint8_t sym, uint8_t raw8,
+                                                 uint16_t raw16) {
   using T = FloatTraits<D>;
   if constexpr (D == fmt::DType::Float32) {
     uint8_t b[4];
     T::join(b, 0, 1, sym, raw8, raw16);
-    reinterpret_cast<uint32_t*>(out)[i] = b[0] | (uint32_t(b[1]) << 8) | (uint32_t(b[2]) << 16) | (uint32_t(b[3]) << 24);
+    const uint32_t w = b[0] | (uint32_t(b[1]) << 8) | (uint32_t(b[2]) << 16) | (uint32_t(b[3]) << 24);
+    reinterpret_cast<uint32_t*>(out)[i] = w;
+    return w;
   } else if constexpr (D == fmt::DType::BFloat16 || D == fmt::DType::Float16) {
     uint8_t b[2];
     T::join(b, 0, 1, sym, raw8, raw16);
-    reinterpret_cast<uint16_t*>(out)[i] = static_cast<uint16_t>(b[0] | (b[1] << 8));
+    const uint32_t w = b[0] | (uint32_t(b[1]) << 8);
+    reinterpret_cast<uint16_t*>(out)[i] = static_cast<uint16_t>(w);
+    return w;
   } else {
-    T::join(out, i, numel, sym, raw8, raw16);
+    const uint32_t lo = T::unsplit(sym & 0xf, raw8 & 0xf);
+    const bool pair = 2 * i + 1 < numel;
+    const uint32_t hi = pair ? T::unsplit(sym >> 4, raw8 >> 4) : 0u;
+    out[2 * i] = static_cast<uint8_t>(lo);
+    if (pair) out[2 * i + 1] = static_cast<uint8_t>(hi);
+    return lo | (hi << 8);
   }
 }
 
@@ -718,7 +769,7 @@ PZ_DEVICE PZ_FORCE_INLINE void store_element(uint8_t* out, uint64_t i, uint64_t 
 // batch's loads are in flight while one is decoded.
 template <fmt::DType D>
 PZ_DEVICE uint32_t decode_fixed(const DecompressParams& p, const uint8_t* seg, uint64_t seglen, uint64_t first,
-                                uint32_t n, const uint8_t* raw8, const uint16_t* raw16) {
+                                uint32_t n, const uint8_t* raw8, const uint16_t* raw16, uint32_t& sum) {
   constexpr bool plane16 = fmt::has_plane16(D);
   constexpr uint32_t kBatch = 8;
   const int lane = group_lane();
@@ -769,8 +820,9 @@ PZ_DEVICE uint32_t decode_fixed(const DecompressParams& p, const uint8_t* seg, u
       const uint32_t sym = group_shfl(tab, static_cast<int>(code));
       if (e + popc32(eb) > escapes) return kErrStream;  // group-uniform
       if (valid)
-        store_element<D>(p.out, first + idx, p.h.numel, is_esc ? esc[e + popc32(eb & lt)] : sym,
-                         static_cast<uint8_t>(r8), cur.r16[k]);
+        sum += fmt::hash_term(store_element<D>(p.out, first + idx, p.h.numel, is_esc ? esc[e + popc32(eb & lt)] : sym,
+                                               static_cast<uint8_t>(r8), cur.r16[k]),
+                              static_cast<uint32_t>(first + idx));
       e += popc32(eb);
     }
     cur = nxt;
@@ -786,7 +838,7 @@ PZ_DEVICE uint32_t decode_fixed(const DecompressParams& p, const uint8_t* seg, u
 template <fmt::DType D, bool Full>
 PZ_DEVICE PZ_FORCE_INLINE bool rans_steps(const DecompressParams& p, uint64_t first, uint32_t n, const uint8_t* lookup,
                                           const uint32_t* encsym, const uint16_t* wp, uint32_t words,
-                                          const uint8_t* raw8, const uint16_t* raw16, uint32_t& x_io) {
+                                          const uint8_t* raw8, const uint16_t* raw16, uint32_t& x_io, uint32_t& sum) {
   constexpr bool plane16 = fmt::has_plane16(D);
   constexpr int kRowSteps = 8;
   const int lane = group_lane();
@@ -825,7 +877,9 @@ PZ_DEVICE PZ_FORCE_INLINE bool rans_steps(const DecompressParams& p, uint64_t fi
         const uint8_t sym = lookup[slot];
         const uint32_t es = encsym[sym];
         x = (es & 0xffff) * (x >> fmt::kProbBits) + slot - (es >> 16);  // rans::dec_step
-        store_element<D>(p.out, first + idx, p.h.numel, sym, cur8[k], cur16[k]);
+        // The checksum term is off the state chain: it overlaps the next step.
+        sum += fmt::hash_term(store_element<D>(p.out, first + idx, p.h.numel, sym, cur8[k], cur16[k]),
+                              static_cast<uint32_t>(first + idx));
       }
       const bool need = valid && x < fmt::kStateLow;
       const uint32_t ballot = group_ballot(need);
@@ -843,9 +897,11 @@ PZ_DEVICE PZ_FORCE_INLINE bool rans_steps(const DecompressParams& p, uint64_t fi
   return !bad && rp == 0;
 }
 
-// Decodes block b into p.out; returns DecodeError bits (group-uniform).
+// Decodes block b's symbols into p.out, adding each element's checksum term
+// to this lane's sum; returns DecodeError bits (group-uniform).
 template <fmt::DType D, fmt::Codec C>
-PZ_DEVICE uint32_t decode_block(const DecompressParams& p, const fmt::Layout& l, uint64_t b, uint8_t* base) {
+PZ_DEVICE uint32_t decode_symbols(const DecompressParams& p, const fmt::Layout& l, uint64_t b, uint8_t* base,
+                                  uint32_t& sum) {
   constexpr bool plane16 = fmt::has_plane16(D);
   const fmt::Header& h = p.h;
   const int lane = group_lane();
@@ -865,11 +921,12 @@ PZ_DEVICE uint32_t decode_block(const DecompressParams& p, const fmt::Layout& l,
   if (seg[0] == fmt::kModeStored) {
     if (seglen < 1ull + n) return kErrSegment;
     for (uint32_t i = lane; i < n; i += fmt::kLanes)
-      store_element<D>(p.out, first + i, h.numel, seg[1 + i], raw8[i], plane16 ? raw16[i] : 0);
+      sum += fmt::hash_term(store_element<D>(p.out, first + i, h.numel, seg[1 + i], raw8[i], plane16 ? raw16[i] : 0),
+                            static_cast<uint32_t>(first + i));
     return 0;
   }
   if constexpr (C == fmt::Codec::Fixed) {
-    return seg[0] == fmt::kModeFixed ? decode_fixed<D>(p, seg, seglen, first, n, raw8, raw16) : kErrSegment;
+    return seg[0] == fmt::kModeFixed ? decode_fixed<D>(p, seg, seglen, first, n, raw8, raw16, sum) : kErrSegment;
   }
   if (seg[0] != fmt::kModeRans) return kErrSegment;
   group_sync();  // the previous block's tables are no longer read
@@ -906,11 +963,21 @@ PZ_DEVICE uint32_t decode_block(const DecompressParams& p, const fmt::Layout& l,
   group_sync();  // tables complete
   const uint16_t* wp = reinterpret_cast<const uint16_t*>(seg + prefix);  // the launcher checks 16B alignment
   // Full blocks (all but the last) drop every per-lane bounds test.
-  const bool ok = full_block<D>(h, first, n)
-                      ? rans_steps<D, true>(p, first, n, lookup, encsym, wp, static_cast<uint32_t>(words), raw8, raw16, x)
-                      : rans_steps<D, false>(p, first, n, lookup, encsym, wp, static_cast<uint32_t>(words), raw8, raw16, x);
+  const uint32_t wn = static_cast<uint32_t>(words);
+  const bool ok = full_block<D>(h, first, n) ? rans_steps<D, true>(p, first, n, lookup, encsym, wp, wn, raw8, raw16, x, sum)
+                                             : rans_steps<D, false>(p, first, n, lookup, encsym, wp, wn, raw8, raw16, x, sum);
   if (!ok || group_ballot(x != fmt::kStateLow)) return kErrStream;
   return 0;
+}
+
+// Decodes block b into p.out and (v2) checks the elements it wrote against
+// the block's checksum; returns DecodeError bits (group-uniform).
+template <fmt::DType D, fmt::Codec C>
+PZ_DEVICE uint32_t decode_block(const DecompressParams& p, const fmt::Layout& l, uint64_t b, uint8_t* base) {
+  uint32_t sum = 0;
+  const uint32_t e = decode_symbols<D, C>(p, l, b, base, sum);
+  if (e || !l.nsums) return e;
+  return fmt::finish_checksum(group_sum32(sum)) == get_u32(p.in + l.sums_begin + 4 * b) ? 0u : static_cast<uint32_t>(kErrChecksum);
 }
 
 // Persistent: each group strides over the blocks.
@@ -924,6 +991,73 @@ PZ_GLOBAL void __launch_bounds__(kCtaThreads) decompress_kernel(DecompressParams
   for (uint64_t b = static_cast<uint64_t>(blockIdx.x) * kGroupsPerCta + group; b < l.nblocks; b += stride) {
     const uint32_t e = decode_block<D, C>(p, l, b, base);
     if (e && group_lane() == 0) atomic_or<Scope::Device>(p.err, e);
+  }
+}
+
+// Copies bytes [a, z) of a raw payload, 16 bytes a lane where Vec, else a
+// word (of 4 bytes, the last one partial) a lane.
+template <bool Vec>
+PZ_DEVICE PZ_FORCE_INLINE void raw_copy(const uint8_t* src, uint8_t* dst, uint64_t a, uint64_t z) {
+  const int lane = group_lane();
+  const uint64_t vz = Vec ? a + (z - a) / 16 * 16 : a;
+  for (uint64_t i = a + 16 * lane; i < vz; i += 16 * fmt::kLanes)
+    *reinterpret_cast<uint4*>(dst + i) = *reinterpret_cast<const uint4*>(src + i);
+  for (uint64_t i = vz + 4 * lane; i < z; i += 4 * fmt::kLanes)
+    for (uint64_t j = i; j < i + 4 && j < z; ++j) dst[j] = src[j];
+}
+
+// Raw streams, one 32-lane group per 64 KiB chunk of the payload. Encode:
+// copy the tensor's bytes into the stream and write each chunk's checksum
+// (and, group 0, the header and the gap before the checksums). Decode: check
+// a chunk (v2 checksum; bool: every byte 0 or 1) and only then copy it out,
+// so a corrupted chunk never reaches the output. Where Vec, the payload and
+// its other side are both 16-byte aligned.
+template <bool Encode, bool Vec, bool Bool>
+PZ_GLOBAL void __launch_bounds__(kCtaThreads) raw_kernel(RawParams p) {
+  const fmt::Layout l = fmt::layout_of(p.h);
+  const int lane = group_lane();
+  const uint64_t len = l.raw_end - l.raw_begin;
+  const uint64_t chunks = (len + (1ull << fmt::kRawChunkLog2) - 1) >> fmt::kRawChunkLog2;
+  const uint64_t g0 = static_cast<uint64_t>(blockIdx.x) * kGroupsPerCta + threadIdx.x / fmt::kLanes;
+  const uint64_t stride = static_cast<uint64_t>(gridDim.x) * kGroupsPerCta;
+  const uint8_t* src = Encode ? p.in : p.in + l.raw_begin;
+  uint8_t* dst = Encode ? p.out + l.raw_begin : p.out;
+  if (Encode && g0 == 0) {
+    for (uint64_t i = lane; i < l.raw_begin; i += fmt::kLanes) p.out[i] = p.header[i];
+    for (uint64_t i = l.raw_end + lane; i < l.sums_begin; i += fmt::kLanes) p.out[i] = 0;
+  }
+  for (uint64_t c = g0; c < chunks; c += stride) {
+    const uint64_t a = c << fmt::kRawChunkLog2;
+    const uint64_t z = len - a < (1ull << fmt::kRawChunkLog2) ? len : a + (1ull << fmt::kRawChunkLog2);
+    const uint64_t vz = Vec ? a + (z - a) / 16 * 16 : a;
+    uint32_t sum = 0, bad = 0;
+    for (uint64_t i = a + 16 * lane; i < vz; i += 16 * fmt::kLanes) {
+      const uint4 v = *reinterpret_cast<const uint4*>(src + i);
+      const uint32_t k = static_cast<uint32_t>(i / 4);
+      sum += fmt::hash_term(v.x, k) + fmt::hash_term(v.y, k + 1) + fmt::hash_term(v.z, k + 2) + fmt::hash_term(v.w, k + 3);
+      if (Bool) bad |= (v.x | v.y | v.z | v.w) & 0xFEFEFEFEu;
+      if (Encode) *reinterpret_cast<uint4*>(dst + i) = v;
+    }
+    for (uint64_t k = vz / 4 + lane; k < (z + 3) / 4; k += fmt::kLanes) {
+      const uint32_t w = raw_word(src, k, len);
+      sum += fmt::hash_term(w, static_cast<uint32_t>(k));
+      if (Bool) bad |= w & 0xFEFEFEFEu;
+      if (Encode)
+        for (uint64_t j = 4 * k; j < 4 * k + 4 && j < z; ++j) dst[j] = src[j];
+    }
+    sum = fmt::finish_checksum(group_sum32(sum));
+    if (Encode) {
+      if (lane == 0) put_u32(p.out + l.sums_begin + 4 * c, sum);
+      continue;
+    }
+    uint32_t e = 0;
+    if (l.nsums && sum != get_u32(p.in + l.sums_begin + 4 * c)) e |= kErrChecksum;
+    if (Bool && group_ballot(bad != 0)) e |= kErrBool;
+    if (e) {  // group-uniform
+      if (lane == 0) atomic_or<Scope::Device>(p.err, e);
+      continue;
+    }
+    raw_copy<Vec>(src, dst, a, z);  // the chunk is in L2 from the check
   }
 }
 

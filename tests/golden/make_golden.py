@@ -1,5 +1,8 @@
-"""Regenerates the golden streams. Run only on purpose, with a format version bump
-(or, for a case added at the end, checking that every existing file is unchanged):
+"""Regenerates the golden streams of the current format version, into
+tests/golden/v<N>/ (the version-1 streams stay in tests/golden/ itself, never
+rewritten: they check that old streams still decode). Run only on purpose,
+with a format version bump (or, for a case added at the end, checking that
+every existing file is unchanged):
     python tests/golden/make_golden.py
 """
 import json
@@ -30,16 +33,21 @@ def cases():
     yield "bf16_weights_fixed", normal(20_000, 0.02).to(torch.bfloat16), "fixed"
     yield "fp32_normal_fixed", normal(10_000, 1.0), "fixed"
     yield "fp8_e5m2_fixed", normal(9_999, 1.0).to(torch.float8_e5m2), "fixed"
+    # Format v2: raw payloads of several checksum chunks (an odd tail), bools.
+    yield "uint8_raw_chunks", torch.from_numpy(rng.integers(0, 256, 70_001, dtype=np.uint8))
+    yield "bool_raw", torch.from_numpy(rng.integers(0, 2, 1_001).astype(np.bool_))
 
 
 def main():
+    out = HERE / f"v{pz.backend_info()['format_version']}"
+    out.mkdir(exist_ok=True)
     manifest = {}
     for name, t, *codec in cases():
         codec = codec[0] if codec else "rans"
-        (HERE / f"{name}.in").write_bytes(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-        (HERE / f"{name}.pz").write_bytes(pz.compress(t, codec=codec).numpy().tobytes())
+        (out / f"{name}.in").write_bytes(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        (out / f"{name}.pz").write_bytes(pz.compress(t, codec=codec).numpy().tobytes())
         manifest[name] = {"dtype": str(t.dtype).replace("torch.", ""), "shape": list(t.shape), "codec": codec}
-    (HERE / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
 
 
 if __name__ == "__main__":
