@@ -21,7 +21,11 @@ MAX_NUMEL = 1 << 48  # format.h kMaxNumel: byte counts stay far from wrapping 64
 
 
 def _threads(threads: Optional[int]) -> int:
-    return torch.get_num_threads() if threads is None else int(threads)
+    if threads is None:
+        return torch.get_num_threads()
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"threads must be a positive int or None, got {threads!r}")
+    return threads
 
 
 def _check_tensor(t, what: str) -> None:

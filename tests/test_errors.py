@@ -337,3 +337,12 @@ def test_zeroed_data_and_checksum_raise():
         assert not torch.equal(bad, buf)
         with pytest.raises(pz.FormatError, match="checksum"):
             pz.decompress(bad)
+
+
+@pytest.mark.parametrize("threads", [0, -1, 1.5, True])
+def test_bad_thread_count_rejected(threads):
+    t = torch.randn(1000).to(torch.bfloat16)
+    with pytest.raises(ValueError, match="threads"):
+        pz.compress(t, threads=threads)
+    with pytest.raises(ValueError, match="threads"):
+        pz.decompress(pz.compress(t), threads=threads)
