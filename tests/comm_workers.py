@@ -614,3 +614,31 @@ def cache_divergence(rank, world, seed):
         comm.recv(t, 0)
         check(same(t, data(seed, 0, 0, n, torch.bfloat16)), "send/recv after a divergent cache")
     return comm.policy.margin
+
+
+def one_rank(rank, world, seed):
+    """A 1-rank group (the GPU machine's NCCL with one GPU): every op in every
+    mode returns its input's bytes, on a private group created per Communicator."""
+    for mode in ("auto", "always", "never"):
+        comm = pz.Communicator(compress=mode, timeout=30)
+        check(comm.group is not dist.group.WORLD, "a private group")
+        for dtype in DTYPES:
+            x = data(seed, 0, 1, 70_001, dtype)
+            t = x.clone()
+            comm.broadcast(t, 0)
+            check(same(t, x), f"{mode} broadcast {dtype}")
+            out = empty(70_001, dtype=dtype)
+            comm.all_gather_single(out, x)
+            check(same(out, x), f"{mode} all_gather {dtype}")
+            out = empty(70_001, 1, dtype=dtype)
+            comm.all_to_all_single(out, x.reshape(-1, 1))
+            check(same(out.reshape(-1), x), f"{mode} all_to_all {dtype}")
+            if dtype in REDUCIBLE:
+                t = x.clone()
+                comm.all_reduce(t)
+                check(same(t, x), f"{mode} all_reduce {dtype}")
+                out = empty(70_001, dtype=dtype)
+                comm.reduce_scatter_single(out, x)
+                check(same(out, x), f"{mode} reduce_scatter {dtype}")
+        comm.close()
+    return True
