@@ -17,6 +17,7 @@ enum DecodeError : uint32_t {
   kErrChecksum = 1u << 4, // decoded bytes differ from the block's (or raw chunk's) checksum
   kErrBool = 1u << 5,     // a bool stream holds a byte other than 0 or 1
 };
+constexpr uint32_t kKnownDecodeErrors = kErrOffsets | kErrTable | kErrSegment | kErrStream | kErrChecksum | kErrBool;
 
 // Where block b's segment lies, from the offset table; returns false (and
 // leaves *begin/*end unspecified) when the table is inconsistent.

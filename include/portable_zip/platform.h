@@ -46,8 +46,9 @@
 
 // Host code only: a hot CPU loop built twice, baseline and AVX2 (8 32-bit
 // multiplies per instruction instead of SSE2's emulated 4), the one to run
-// picked when the library loads (GCC/Clang target_clones, an ifunc on Linux).
-#if defined(PZ_HOST) && defined(__x86_64__) && defined(__linux__) && (defined(__GNUC__) || defined(__clang__))
+// picked when the library loads (GCC target_clones, an ifunc on Linux).
+// GCC only: clang (the libFuzzer build) cannot multiversion function templates.
+#if defined(PZ_HOST) && defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && !defined(__clang__)
 #define PZ_HOST_SIMD_CLONES __attribute__((target_clones("avx2", "default")))
 #else
 #define PZ_HOST_SIMD_CLONES

@@ -44,6 +44,8 @@ std::vector<uint8_t> tensor_bytes(fmt::DType d, uint64_t numel, bool random, std
   std::vector<uint8_t> b(numel * fmt::elem_size(d));
   if (random || !fmt::is_coded(d)) {
     for (auto& x : b) x = static_cast<uint8_t>(rng());
+    if (d == fmt::DType::Bool)
+      for (auto& x : b) x &= 1;  // valid bools only: the decoder rejects any other byte
     return b;
   }
   std::normal_distribution<float> normal(0.0f, d == fmt::DType::BFloat16 ? 0.02f : 1.0f);
