@@ -16,7 +16,11 @@ import pytest
 import comm_failure_workers as cfw
 
 WORLDS = [3, 2]
-CELLS = [(w, op, mode, phase) for w in WORLDS for op in cfw.OPS for mode in cfw.MODES for phase in cfw.PHASES]
+# Cells that cannot exist are not generated: auto never compresses a broadcast on
+# 3+ ranks (cfw.unreachable says why); the others skip only where the environment
+# removes the phase (native control rounds exist only under PZ_CHECK_PLANS=1, as in CI).
+CELLS = [(w, op, mode, phase) for w in WORLDS for op in cfw.OPS for mode in cfw.MODES for phase in cfw.PHASES
+         if not (op == "broadcast" and mode == "auto-compressed" and w > 2)]
 _RESULTS = {}
 
 
