@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import datetime
 import math
 import numbers
 import os
@@ -15,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from .._dtypes import code_of
+from ..codec import _overlap
 from . import collectives as coll
 from .collectives import ReduceOp
 from . import wire
@@ -87,7 +89,7 @@ class Communicator:
                  codec_gbps: Optional[float] = None, margin: Optional[float] = None):
         if not dist.is_initialized():
             raise RuntimeError("pz.Communicator needs torch.distributed.init_process_group() first")
-        if compress not in ("auto", "always", "never"):
+        if compress not in _MODES:
             raise ValueError(f"compress must be 'auto', 'always' or 'never', got {compress!r}")
         if timeout is None:
             timeout = os.environ.get("PZ_TIMEOUT", 300)
@@ -154,7 +156,7 @@ class Communicator:
                                   cached=rows[0][5] != 0 and all(row[5] == rows[0][5] for row in rows))
 
     def _swap_all(self, spec: Sequence[int]) -> list:
-        """Every rank's CTRL_WORDS-word message (this rank's is spec), bounded by the timeout."""
+        """Every rank's message of len(spec) words (this rank's is spec), bounded by the timeout."""
         if self.world == 1:
             return [list(spec)]
         mine = torch.tensor(spec, dtype=torch.int64, device=self.device)
@@ -284,16 +286,7 @@ class Communicator:
         if problems:
             raise MismatchError("; ".join(dict.fromkeys(problems)))
         if splits is not None:
-            ins, outs = splits
-            mat = [[*ins, *outs] if j == self.rank else None for j in range(self.world)]
-            if self.world > 1:
-                mine = torch.tensor([*ins, *outs], dtype=torch.int64, device=self.device)
-                peers = [j for j in range(self.world) if j != self.rank]
-                got = {j: torch.empty_like(mine) for j in peers}
-                self.tp.wait(self.tp.post([("send", mine, j) for j in peers] + [("recv", got[j], j) for j in peers]),
-                             self.timeout)
-                for j in peers:
-                    mat[j] = got[j].tolist()
+            mat = self._swap_all([*splits[0], *splits[1]])
             w = self.world
             bad = [f"rank {i} sends {mat[i][j]} rows to rank {j}, which expects {mat[j][w + i]}"
                    for i in range(w) for j in range(w) if mat[i][j] != mat[j][w + i]]
@@ -522,9 +515,8 @@ class Communicator:
 
         def run():
             t0, plan = time.perf_counter(), self._plan("broadcast", t.dtype, t.nbytes)
-            if plan == "native" and not self._check_plans:
-                return self._native_done("broadcast", t0, native(), sent)
-            self._agree("broadcast", plan, t.dtype, [t.numel(), src])
+            if self._check_plans or plan != "native":
+                self._agree("broadcast", plan, t.dtype, [t.numel(), src])
             if plan == "native":
                 return self._native_done("broadcast", t0, native(), sent)
             res = coll.broadcast(self.tp, t, src, plan == "compressed", self.timeout)
@@ -552,9 +544,8 @@ class Communicator:
 
         def run():
             t0, plan = time.perf_counter(), self._plan("all_gather", inp.dtype, inp.nbytes)
-            if plan == "native" and not self._check_plans:
-                return self._native_done("all_gather", t0, native(), sent)
-            self._agree("all_gather", plan, inp.dtype, [inp.numel()])
+            if self._check_plans or plan != "native":
+                self._agree("all_gather", plan, inp.dtype, [inp.numel()])
             if plan == "native":
                 return self._native_done("all_gather", t0, native(), sent)
             res = coll.all_gather(self.tp, out, inp, plan == "compressed", self.timeout)
@@ -601,9 +592,8 @@ class Communicator:
 
         def run():
             t0, plan = time.perf_counter(), self._plan("all_reduce", t.dtype, t.nbytes)
-            if plan == "native" and not self._check_plans:
-                return self._native_done("all_reduce", t0, native(), sent)
-            self._agree("all_reduce", plan, t.dtype, [t.numel(), list(ReduceOp).index(op)])
+            if self._check_plans or plan != "native":
+                self._agree("all_reduce", plan, t.dtype, [t.numel(), list(ReduceOp).index(op)])
             if plan == "native":
                 return self._native_done("all_reduce", t0, native(), sent)
             rs, ag = coll.all_reduce(self.tp, t, op, plan == "compressed", self.timeout)
@@ -681,20 +671,11 @@ class Communicator:
         return f"Communicator(rank={self.rank}, world={self.world}, compress={self.compress!r}, {self.backend})"
 
 
-def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether two contiguous tensors share any byte of memory."""
-    if a.device != b.device or not a.nbytes or not b.nbytes:
-        return False
-    a0, b0 = a.data_ptr(), b.data_ptr()
-    return a0 < b0 + b.nbytes and b0 < a0 + a.nbytes
-
 
 def _private_group(parent, timeout: float):
     """A new group of parent's ranks (only they take part in creating it),
     with the Communicator's timeout as its own: gloo's ops and NCCL's
     watchdog then give up when we do."""
-    import datetime
-
     try:
         return dist.new_group(ranks=dist.get_process_group_ranks(parent), backend=dist.get_backend(parent),
                               timeout=datetime.timedelta(seconds=timeout), use_local_synchronization=True)
