@@ -24,12 +24,5 @@ timeout 150 python3 -P bench/codec.py --systems ours --sizes 4MiB,256MiB,1GiB --
 echo "bench rc=$? after $(( $(date +%s) - t0 )) s" | tee -a "$OUT/steps.txt"
 tail -25 "$OUT/bench.log"
 left=$(( budget - ($(date +%s) - t0) - 45 ))  # sanitizer start-up and the closing round trip
-if [ "$left" -gt 30 ]; then
-  PYTORCH_NO_CUDA_MEMORY_CACHING=1 PZ_GPU_FUZZ=20000 PZ_GPU_FUZZ_SECONDS=$left timeout $(( left + 60 )) \
-    compute-sanitizer --tool memcheck --error-exitcode 1 --print-limit 20 \
-    python3 -P -m pytest -q -s -p no:cacheprovider tests/test_gpu.py -k "mutated or raw_streams or checksums" \
-    > "$OUT/memcheck.log" 2>&1
-  echo "memcheck rc=$? after $(( $(date +%s) - t0 )) s" | tee -a "$OUT/steps.txt"
-  grep -E "gpu fuzz|ERROR SUMMARY|passed|failed" "$OUT/memcheck.log"
-fi
+[ "$left" -gt 30 ] && bash bench/gpu_memcheck_fuzz.sh "$left"
 cat "$OUT/steps.txt"

@@ -34,13 +34,6 @@ done
 python3 -P bench/guard_cost.py --backend gloo --reps 200 --json "$OUT/guard-cost-gloo.json" > "$OUT/guard.log" 2>&1
 echo "guard rc=$? after $(( $(date +%s) - t0 )) s" | tee -a "$OUT/steps.txt"
 left=$(( budget - ($(date +%s) - t0) - 40 ))
-if [ "$left" -gt 30 ]; then
-  PYTORCH_NO_CUDA_MEMORY_CACHING=1 PZ_GPU_FUZZ=20000 PZ_GPU_FUZZ_SECONDS=$left timeout $(( left + 60 )) \
-    compute-sanitizer --tool memcheck --error-exitcode 1 --print-limit 20 \
-    python3 -P -m pytest -q -s -p no:cacheprovider tests/test_gpu.py -k "mutated or raw_streams or checksums" \
-    > "$OUT/memcheck.log" 2>&1
-  echo "memcheck rc=$? after $(( $(date +%s) - t0 )) s" | tee -a "$OUT/steps.txt"
-  grep -E "gpu fuzz|ERROR SUMMARY|passed|failed" "$OUT/memcheck.log"
-fi
-tail -8 "$OUT"/bench_v*_r2.log "$OUT/guard.log"
+[ "$left" -gt 30 ] && bash bench/gpu_memcheck_fuzz.sh "$left"
+tail -n 8 "$OUT"/bench_v*_r2.log "$OUT/guard.log"
 cat "$OUT/steps.txt"
