@@ -1,7 +1,9 @@
 // The one Python binding file: thin wrappers over launch.h. Pointers arrive as
 // integers from torch tensors the Python layer has already validated.
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/map.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
 #include <stdexcept>
@@ -10,6 +12,9 @@
 
 #include "launch.h"
 #include "portable_zip/block.h"
+#if defined(PZ_WITH_FABRIC)
+#include "engine.h"
+#endif
 
 namespace nb = nanobind;
 using namespace pz;
@@ -202,5 +207,60 @@ NB_MODULE(_C, m) {
     check(gpu_device_info(device, &warp, &sms));
     return nb::make_tuple(warp, sms);
   });
+#endif
+
+#if defined(PZ_WITH_FABRIC)
+  // The fabric engine: Python posts whole transfers (kind, peer, pointer,
+  // bytes, on GPU) and waits; chunking, rails and staging run in C++.
+  using fabric::Engine;
+  m.attr("has_fabric") = true;
+  m.def("fabric_probe", &fabric::probe);
+  nb::class_<Engine>(m, "FabricEngine")
+      .def("__init__", [](Engine* self, const std::string& provider, int rails, uint64_t chunk, int depth,
+                          bool stage_host, int device, int rank, int world, bool same_host) {
+        fabric::Config c;
+        c.provider = provider, c.rails = rails, c.chunk = chunk, c.depth = depth, c.stage_host = stage_host;
+        c.device = device, c.rank = rank, c.world = world, c.same_host = same_host;
+        nb::gil_scoped_release release;
+        new (self) Engine(c);
+      })
+      .def("address", [](const Engine& e) {
+        const std::string a = e.address();
+        return nb::bytes(a.data(), a.size());
+      })
+      .def("connect", [](Engine& e, const std::vector<nb::bytes>& addrs) {
+        std::vector<std::string> v;
+        for (const auto& a : addrs) v.emplace_back(static_cast<const char*>(a.data()), a.size());
+        e.connect(v);
+      })
+      .def("post", [](Engine& e, const std::vector<std::tuple<int, int, uintptr_t, uint64_t, bool>>& ops,
+                      uintptr_t stream) {
+        std::vector<fabric::Op> v;
+        for (const auto& [kind, peer, p, len, device] : ops) {
+          if (kind < 0 || kind > 3) throw std::invalid_argument("fabric: unknown transfer kind");
+          v.push_back({static_cast<fabric::Kind>(kind), peer, ptr<uint8_t>(p), len, device});
+        }
+        return e.post(v, ptr<void>(stream));
+      })
+      // The bytes each op moved, or None when the wait timed out.
+      .def("wait", [](Engine& e, uint64_t batch, double timeout) -> nb::object {
+        std::vector<uint64_t> lens;
+        int rc;
+        {
+          nb::gil_scoped_release release;
+          rc = e.wait(batch, timeout, &lens);
+        }
+        if (rc) return nb::none();
+        return nb::cast(lens);
+      })
+      .def("info", &Engine::info)
+      .def("close", [](Engine& e) {
+        nb::gil_scoped_release release;
+        e.close();
+      });
+#else
+  m.attr("has_fabric") = false;
+  m.def("fabric_probe", [] { return std::string("this build has no fabric transport (libfabric headers were not found "
+                                                "at build time: install libfabric-dev and rebuild)"); });
 #endif
 }

@@ -190,4 +190,51 @@ int gpu_device_info(int device, int* warp_size, int* sm_count) {
   return e == rt::kSuccess ? static_cast<int>(kOk) : fail(e, "querying the device");
 }
 
+// --- staging copies for the fabric engine ---------------------------------
+static int ok_or(rt::Error e, const char* what) { return e == rt::kSuccess ? static_cast<int>(kOk) : fail(e, what); }
+
+int gpu_set_device(int device) { return ok_or(rt::set_device(device), "selecting the device"); }
+
+int gpu_stream_new(void** stream) {
+  rt::Stream s = nullptr;
+  const int rc = ok_or(rt::stream_create(&s), "creating the staging stream");
+  *stream = static_cast<void*>(s);
+  return rc;
+}
+
+int gpu_stream_free(void* stream) { return ok_or(rt::stream_destroy(static_cast<rt::Stream>(stream)), "freeing a stream"); }
+
+int gpu_event_new(void** ev) {
+  rt::Event e = nullptr;
+  const int rc = ok_or(rt::event_create(&e), "creating an event");
+  *ev = static_cast<void*>(e);
+  return rc;
+}
+
+int gpu_event_free(void* ev) { return ok_or(rt::event_destroy(static_cast<rt::Event>(ev)), "freeing an event"); }
+
+int gpu_copy_async(void* dst, const void* src, uint64_t n, void* stream, void* ev) {
+  const auto s = static_cast<rt::Stream>(stream);
+  rt::Error e = rt::memcpy_async(dst, src, n, s);
+  if (e == rt::kSuccess) e = rt::event_record(static_cast<rt::Event>(ev), s);
+  return ok_or(e, "queueing a staging copy");
+}
+
+int gpu_event_done(void* ev) {
+  const rt::Error e = rt::event_query(static_cast<rt::Event>(ev));
+  if (e == rt::kNotReady) return 0;
+  return e == rt::kSuccess ? 1 : fail(e, "a staging copy failed");
+}
+
+int gpu_stream_after(void* stream, void* user_stream, void* ev) {
+  const auto e_ = static_cast<rt::Event>(ev);
+  rt::Error e = rt::event_record(e_, static_cast<rt::Stream>(user_stream));
+  if (e == rt::kSuccess) e = rt::stream_wait(static_cast<rt::Stream>(stream), e_);
+  return ok_or(e, "ordering the staging stream after the caller's");
+}
+
+int gpu_pinned_alloc(void** p, uint64_t n) { return ok_or(rt::host_alloc(p, n), "allocating pinned staging memory"); }
+
+int gpu_pinned_free(void* p) { return ok_or(rt::host_free(p), "freeing pinned staging memory"); }
+
 }  // namespace pz

@@ -32,4 +32,17 @@ int gpu_compress(const uint8_t* in, const fmt::Header& h, uint8_t* out, void* wo
 int gpu_decompress(const uint8_t* in, const fmt::Header& h, uint8_t* out, uint32_t* err, void* stream, int max_sms);
 int gpu_device_info(int device, int* warp_size, int* sm_count);
 
+// Staging copies for the fabric engine (GPU builds only); handles are opaque.
+// gpu_copy_async queues a copy (any direction) on stream and records ev after it.
+int gpu_set_device(int device);
+int gpu_stream_new(void** stream);
+int gpu_stream_free(void* stream);
+int gpu_event_new(void** ev);
+int gpu_event_free(void* ev);
+int gpu_copy_async(void* dst, const void* src, uint64_t n, void* stream, void* ev);
+int gpu_event_done(void* ev);  // 1 done, 0 pending, kRuntimeError on failure
+int gpu_stream_after(void* stream, void* user_stream, void* ev);  // stream waits for user_stream's queued work
+int gpu_pinned_alloc(void** p, uint64_t n);
+int gpu_pinned_free(void* p);
+
 }  // namespace pz

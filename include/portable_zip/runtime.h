@@ -30,6 +30,22 @@ template <class K>
 inline Error set_max_dynamic_smem(K kernel, int bytes) {
   return hipFuncSetAttribute(reinterpret_cast<const void*>(kernel), hipFuncAttributeMaxDynamicSharedMemorySize, bytes);
 }
+// The fabric engine's staging ring: pinned host slots, a copy stream, events.
+using Event = hipEvent_t;
+constexpr Error kNotReady = hipErrorNotReady;
+inline Error set_device(int d) { return hipSetDevice(d); }
+inline Error memcpy_async(void* d, const void* s, size_t n, Stream st) {
+  return hipMemcpyAsync(d, s, n, hipMemcpyDefault, st);
+}
+inline Error stream_create(Stream* s) { return hipStreamCreateWithFlags(s, hipStreamNonBlocking); }
+inline Error stream_destroy(Stream s) { return hipStreamDestroy(s); }
+inline Error event_create(Event* e) { return hipEventCreateWithFlags(e, hipEventDisableTiming); }
+inline Error event_destroy(Event e) { return hipEventDestroy(e); }
+inline Error event_record(Event e, Stream s) { return hipEventRecord(e, s); }
+inline Error event_query(Event e) { return hipEventQuery(e); }
+inline Error stream_wait(Stream s, Event e) { return hipStreamWaitEvent(s, e, 0); }
+inline Error host_alloc(void** p, size_t n) { return hipHostMalloc(p, n, hipHostMallocPortable); }
+inline Error host_free(void* p) { return hipHostFree(p); }
 #else
 using Stream = cudaStream_t;
 using Error = cudaError_t;
@@ -54,6 +70,22 @@ template <class K>
 inline Error set_max_dynamic_smem(K kernel, int bytes) {
   return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
 }
+// The fabric engine's staging ring: pinned host slots, a copy stream, events.
+using Event = cudaEvent_t;
+constexpr Error kNotReady = cudaErrorNotReady;
+inline Error set_device(int d) { return cudaSetDevice(d); }
+inline Error memcpy_async(void* d, const void* s, size_t n, Stream st) {
+  return cudaMemcpyAsync(d, s, n, cudaMemcpyDefault, st);
+}
+inline Error stream_create(Stream* s) { return cudaStreamCreateWithFlags(s, cudaStreamNonBlocking); }
+inline Error stream_destroy(Stream s) { return cudaStreamDestroy(s); }
+inline Error event_create(Event* e) { return cudaEventCreateWithFlags(e, cudaEventDisableTiming); }
+inline Error event_destroy(Event e) { return cudaEventDestroy(e); }
+inline Error event_record(Event e, Stream s) { return cudaEventRecord(e, s); }
+inline Error event_query(Event e) { return cudaEventQuery(e); }
+inline Error stream_wait(Stream s, Event e) { return cudaStreamWaitEvent(s, e, 0); }
+inline Error host_alloc(void** p, size_t n) { return cudaHostAlloc(p, n, cudaHostAllocPortable); }
+inline Error host_free(void* p) { return cudaFreeHost(p); }
 #endif
 
 }  // namespace pz::rt

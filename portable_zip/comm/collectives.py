@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from .transport import Transport
-from .wire import Plan, Result, exchange
+from .wire import Plan, Result
 
 
 class ReduceOp(enum.Enum):
@@ -51,8 +51,9 @@ def even_bounds(numel: int, parts: int) -> List[tuple]:
     return out
 
 
-def reduce_local(chunks: Sequence[torch.Tensor], op: ReduceOp) -> torch.Tensor:
-    """Reduce in rank order, accumulating 16-bit floats in fp32, one rounding at the end."""
+def reduce_local(chunks: Sequence[torch.Tensor], op: ReduceOp, divisor: Optional[int] = None) -> torch.Tensor:
+    """Reduce in rank order, accumulating 16-bit floats in fp32, one rounding
+    at the end. AVG divides by divisor (default: the number of chunks)."""
     dtype = chunks[0].dtype
     wide = torch.float64 if dtype == torch.float64 else torch.float32
     acc = chunks[0].to(wide)
@@ -65,23 +66,32 @@ def reduce_local(chunks: Sequence[torch.Tensor], op: ReduceOp) -> torch.Tensor:
         else:
             acc = torch.maximum(acc, c)
     if op == ReduceOp.AVG:
-        acc = acc / len(chunks)
+        acc = acc / (divisor or len(chunks))
     return acc.to(dtype)
 
 
 # --- the compressed (or raw, with coded=False) algorithms -------------------
+# coded: a bool for every peer, or a function of the peer (mixed clusters:
+# only pairs in different domains compress).
+
+def _plan(coded, peers):
+    if callable(coded):
+        return {p: Plan(bool(coded(p)), agreed=True) for p in peers}
+    return Plan(coded, agreed=True)
+
 
 def broadcast(tp: Transport, t, src, coded, timeout) -> Result:
     if tp.rank == src:
-        return exchange(tp, {j: t for j in range(tp.world) if j != src}, {}, Plan(coded, agreed=True), timeout)
-    return exchange(tp, {}, {src: t}, Plan(coded, agreed=True), timeout)
+        peers = [j for j in range(tp.world) if j != src]
+        return tp.exchange({j: t for j in peers}, {}, _plan(coded, peers), timeout)
+    return tp.exchange({}, {src: t}, _plan(coded, [src]), timeout)
 
 
 def all_gather(tp: Transport, out, inp, coded, timeout) -> Result:
     chunks = out.reshape(-1).chunk(tp.world) if inp.numel() else [out.reshape(-1)[:0]] * tp.world
     chunks[tp.rank].copy_(inp.reshape(-1))
     peers = [j for j in range(tp.world) if j != tp.rank]
-    return exchange(tp, {j: inp for j in peers}, {j: chunks[j] for j in peers}, Plan(coded, agreed=True), timeout)
+    return tp.exchange({j: inp for j in peers}, {j: chunks[j] for j in peers}, _plan(coded, peers), timeout)
 
 
 def reduce_scatter(tp: Transport, out, inp, op: ReduceOp, coded, timeout, bounds=None) -> Result:
@@ -91,7 +101,7 @@ def reduce_scatter(tp: Transport, out, inp, op: ReduceOp, coded, timeout, bounds
     lo, hi = bounds[me]
     peers = [j for j in range(tp.world) if j != me]
     bufs = {j: torch.empty(hi - lo, dtype=inp.dtype, device=inp.device) for j in peers}
-    res = exchange(tp, {j: flat[bounds[j][0]: bounds[j][1]] for j in peers}, bufs, Plan(coded, agreed=True), timeout)
+    res = tp.exchange({j: flat[bounds[j][0]: bounds[j][1]] for j in peers}, bufs, _plan(coded, peers), timeout)
     parts = [flat[lo:hi] if j == me else bufs[j] for j in range(tp.world)]
     out.reshape(-1).copy_(reduce_local(parts, op))
     return res
@@ -105,8 +115,8 @@ def all_reduce(tp: Transport, t, op: ReduceOp, coded, timeout) -> tuple:
     rs = reduce_scatter(tp, mine, flat, op, coded, timeout, bounds)
     peers = [j for j in range(tp.world) if j != tp.rank]
     flat[lo:hi].copy_(mine)
-    ag = exchange(tp, {j: mine for j in peers}, {j: flat[bounds[j][0]: bounds[j][1]] for j in peers},
-                  Plan(coded, agreed=True), timeout)
+    ag = tp.exchange({j: mine for j in peers}, {j: flat[bounds[j][0]: bounds[j][1]] for j in peers},
+                  _plan(coded, peers), timeout)
     return rs, ag
 
 
@@ -116,8 +126,57 @@ def all_to_all(tp: Transport, out, inp, out_splits, in_splits, coded, timeout) -
     me = tp.rank
     dst_chunks[me].copy_(src_chunks[me])
     peers = [j for j in range(tp.world) if j != me]
-    return exchange(tp, {j: src_chunks[j] for j in peers}, {j: dst_chunks[j] for j in peers}, Plan(coded, agreed=True),
+    return tp.exchange({j: src_chunks[j] for j in peers}, {j: dst_chunks[j] for j in peers}, _plan(coded, peers),
                     timeout)
+
+
+def hier_all_reduce(tp, t, op: ReduceOp, coded, timeout, domains) -> tuple:
+    """all_reduce across equal-sized domains (HetCCL-style), compression only
+    between domains: a native reduce-scatter inside each domain leaves local
+    rank l with shard l of its domain's partial sum; the ranks holding shard l
+    in every domain (a column) reduce it with a compressed two-shot exchange,
+    in domain order, accumulating in fp32 with one rounding; a native
+    all-gather inside each domain spreads the result. Shard l's final bytes are
+    computed by the same rule on every column member, so every rank of every
+    vendor ends bit-identical."""
+    flat = t.reshape(-1)
+    size = len(domains[0])
+    me = tp.rank
+    d_me = next(i for i, d in enumerate(domains) if me in d)
+    local = domains[d_me].index(me)
+    column = [d[local] for d in domains]
+    n = flat.numel()
+    per = -(-n // size)
+    padded = flat if per * size == n else torch.cat([flat, flat.new_zeros(per * size - n)])
+    shard = torch.empty(per, dtype=t.dtype, device=t.device)
+    native_op = ReduceOp.SUM.native() if op == ReduceOp.AVG else op.native()
+    grp = tp.local.group if tp.local is not None else None
+    if grp is not None:  # gloo's reduce_scatter ignores wait(timeout): wait on a helper thread
+        work = reduce_scatter_native(shard, padded, op=native_op, group=grp, async_op=True)
+        (tp.local.wait_detached if tp.local.backend == "gloo" else tp.local.wait)([work], timeout)
+    else:
+        shard.copy_(padded)
+    # The column's two-shot all_reduce over the fabric, in domain order.
+    k = len(column)
+    bounds = even_bounds(per, k)
+    pos = column.index(me)
+    lo, hi = bounds[pos]
+    peers = [c for c in column if c != me]
+    bufs = {c: torch.empty(hi - lo, dtype=t.dtype, device=t.device) for c in peers}
+    rs = tp.exchange({c: shard[bounds[column.index(c)][0]: bounds[column.index(c)][1]] for c in peers}, bufs,
+                     _plan(coded, peers), timeout)
+    parts = [shard[lo:hi] if c == me else bufs[c] for c in column]
+    mine = reduce_local(parts, op, divisor=tp.world if op == ReduceOp.AVG else None)
+    shard[lo:hi].copy_(mine)
+    ag = tp.exchange({c: mine for c in peers}, {c: shard[bounds[column.index(c)][0]: bounds[column.index(c)][1]]
+                                                for c in peers}, _plan(coded, peers), timeout)
+    if grp is not None:
+        tp.local.wait([all_gather_native(padded, shard, group=grp, async_op=True)], timeout)
+    else:
+        padded.copy_(shard)
+    if padded.data_ptr() != flat.data_ptr():
+        flat.copy_(padded[:n])
+    return rs, ag
 
 
 def rows(t: torch.Tensor) -> torch.Tensor:

@@ -22,6 +22,8 @@ from .collectives import ReduceOp
 from . import wire
 from .errors import MismatchError, PeerError, PeerTimeout
 from .policy import CODED, Policy
+from . import domains as dom
+from . import fabric
 from .transport import TorchDistTransport, movable
 from .wire import CHECK_PROTO, CTRL_WORDS, SPEC_PROTO
 
@@ -86,7 +88,8 @@ class Communicator:
 
     def __init__(self, group=None, compress: str = "auto", transport: str = "auto", timeout: Optional[float] = None,
                  link_gbps: Optional[float] = None, latency_us: Optional[float] = None,
-                 codec_gbps: Optional[float] = None, margin: Optional[float] = None):
+                 codec_gbps: Optional[float] = None, margin: Optional[float] = None, domains=None,
+                 device=None):
         if not dist.is_initialized():
             raise RuntimeError("pz.Communicator needs torch.distributed.init_process_group() first")
         if compress not in _MODES:
@@ -99,24 +102,21 @@ class Communicator:
             raise TypeError(f"timeout must be a number of seconds, got {timeout!r}") from None
         if not 0 < self.timeout < math.inf:
             raise ValueError(f"timeout must be a positive, finite number of seconds, got {timeout!r}")
-        if transport not in ("auto", "torch"):
-            raise ValueError(f"transport {transport!r} is not available: this version has 'auto' and 'torch' "
-                             "(torch.distributed); libfabric and uccl transports plug into the same seam")
+        if transport not in ("auto", "torch", "fabric"):
+            raise ValueError(f"transport must be 'auto', 'torch' (torch.distributed) or 'fabric' (libfabric), "
+                             f"got {transport!r}")
+        if transport == "fabric" and fabric.available():
+            raise RuntimeError(f"transport='fabric' is unavailable: {fabric.available()}")
         # A private group over the same ranks: ops queued on our worker never
         # share tags or sequence numbers with the caller's own ops on theirs.
         self.parent_group = group if group is not None else dist.group.WORLD
         self.group = _private_group(self.parent_group, self.timeout)
         self.compress = compress
-        self.tp = TorchDistTransport(self.group)
-        self.rank, self.world, self.device = self.tp.rank, self.tp.world, self.tp.device
+        self.rank, self.world = dist.get_rank(self.group), dist.get_world_size(self.group)
+        self.device = _device_of(device, self.group)
         self._cuda = self.device.type == "cuda"
-        backend = self.tp.backend
-        if backend == "nccl":
-            lib = "RCCL" if torch.version.hip else "NCCL"
-            why = f"group backend 'nccl' on {'ROCm' if torch.version.hip else 'CUDA'} torch: {lib}, GPU tensors"
-        else:
-            lib, why = backend, f"group backend '{backend}': CPU tensors"
-        self.backend = f"{lib} via {self.tp.name} ({why})"
+        self._open_transport(transport, domains)
+        self.policy = Policy(link_gbps, latency_us, codec_gbps, margin)
         self.policy = Policy(link_gbps, latency_us, codec_gbps, margin)
         self._stats = {op: {"calls": 0, "raw_bytes": 0, "wire_bytes": 0, "time_s": 0.0,
                             "plans": defaultdict(int)} for op in _OPS}
@@ -128,11 +128,82 @@ class Communicator:
             initializer=(lambda: torch.cuda.set_device(dev)) if dev.type == "cuda" else None)
         # Native plans on NCCL are stream-ordered like torch.distributed's own
         # calls; PZ_SYNC_NATIVE=1 makes them wait on the host, bounded by timeout.
-        self._stream_native = backend == "nccl" and os.environ.get("PZ_SYNC_NATIVE", "0") != "1"
+        self._stream_native = self._torch and self.tp.backend == "nccl" and os.environ.get("PZ_SYNC_NATIVE", "0") != "1"
         self._closed = False
         self._check_plans = False
         self.tp.connect(self.timeout)  # collective: every rank constructs its Communicator
         self._handshake()
+
+    def _open_transport(self, transport: str, domains) -> None:
+        """One domain: torch.distributed, as ever. Several (mixed vendors, or
+        transport='fabric'): the fabric engine between them, each domain's
+        native backend inside."""
+        facts = dom.rank_facts(self.group, self.device, self.timeout)
+        dom.check_facts(facts)
+        self.domains = dom.resolve(domains, facts, transport)
+        self._domain_of = {r: i for i, d in enumerate(self.domains) for r in d}
+        mine = self.domains[self._domain_of[self.rank]]
+        self._torch = len(self.domains) == 1
+        if self._torch and transport == "fabric" and self.world > 1:
+            self._torch = False  # domains=[every rank]: still asked for the fabric; all of it rides there
+            self.domains = [[r] for r in range(self.world)]
+            self._domain_of = {r: r for r in range(self.world)}
+            mine = [self.rank]
+        if self._torch:
+            if len({f["kind"] for f in facts}) > 1:
+                raise ValueError("ranks hold different device kinds (" + ", ".join(
+                    f"rank {j} {f['kind']}" for j, f in enumerate(facts)) + "): torch.distributed cannot connect "
+                    "them; use transport='auto' or 'fabric'")
+            self.tp = TorchDistTransport(self.group)
+            if self.device != self.tp.device:
+                raise ValueError(f"device={self.device} but group backend '{self.tp.backend}' moves "
+                                 f"{self.tp.device.type} tensors")
+            backend = self.tp.backend
+            if backend == "nccl":
+                lib = "RCCL" if torch.version.hip else "NCCL"
+                why = f"group backend 'nccl' on {'ROCm' if torch.version.hip else 'CUDA'} torch: {lib}, GPU tensors"
+            else:
+                lib, why = backend, f"group backend '{backend}': CPU tensors"
+            self.backend = f"{lib} via {self.tp.name} ({why})"
+            self._hier = False
+            return
+        if transport == "torch":
+            raise ValueError(f"domains {self.domains} need the fabric transport between them; use transport='auto' "
+                             "or 'fabric'")
+        if fabric.available():
+            raise RuntimeError(f"ranks form {len(self.domains)} domains {self.domains} (device kinds: " +
+                               ", ".join(sorted({f['kind'] for f in facts})) + "), which only the fabric transport "
+                               f"connects, and it is unavailable: {fabric.available()}")
+        same_host = len({f["host"] for f in facts}) == 1
+        fab = fabric.FabricTransport(self.group, self.device, self.timeout, same_host)
+        if all(len(d) == 1 for d in self.domains):
+            self.tp = fab
+        else:
+            parent = dist.get_process_group_ranks(self.group)
+            local = None
+            if len(mine) > 1:
+                local = TorchDistTransport(dom.domain_group(parent, mine, facts[self.rank]["kind"], self.timeout))
+            self.tp = dom.RoutedTransport(local, mine, fab)
+        # Hierarchical reductions need equal domains (one shard per local rank).
+        self._hier = len({len(d) for d in self.domains}) == 1 and len(self.domains[0]) > 1
+        self.backend = (f"{self.tp.name} ({fab.info['rails']} rails, {fab.info['chunk']}-byte chunks; "
+                        f"domains {self.domains})")
+
+    def _observe(self, streams) -> None:
+        """Learn the ratio only where every rank sees every stream once: in a
+        mixed cluster each rank sees only its cross-domain peers' streams."""
+        if self._torch or all(len(d) == 1 for d in self.domains):
+            self.policy.observe(streams)
+
+    def _cross(self, peer: int) -> bool:
+        return self._domain_of[peer] != self._domain_of[self.rank]
+
+    def _coded(self, plan: str):
+        """What collectives take as `coded`: a bool, or per peer in mixed
+        clusters (only the hops between domains are compressed)."""
+        if plan != "compressed" or self._torch or all(len(d) == 1 for d in self.domains):
+            return plan == "compressed"
+        return self._cross
 
     def _handshake(self) -> None:
         """Agree at construction on everything later plans read besides the
@@ -153,18 +224,22 @@ class Communicator:
         self._check_plans = any(row[4] for row in rows)
         if self.compress == "auto":  # a cache is reused only where every rank holds the same one
             self.policy.calibrate(self.tp, self.group, self.timeout, self.parent_group,
-                                  cached=rows[0][5] != 0 and all(row[5] == rows[0][5] for row in rows))
+                                  cached=rows[0][5] != 0 and all(row[5] == rows[0][5] for row in rows),
+                                  swap=self._swap_floats, torch_native=self._torch)
 
-    def _swap_all(self, spec: Sequence[int]) -> list:
-        """Every rank's message of len(spec) words (this rank's is spec), bounded by the timeout."""
+    def _swap_all(self, spec: Sequence, dtype: torch.dtype = torch.int64) -> list:
+        """Every rank's message of len(spec) values (this rank's is spec), bounded by the timeout."""
         if self.world == 1:
             return [list(spec)]
-        mine = torch.tensor(spec, dtype=torch.int64, device=self.device)
+        mine = torch.tensor(spec, dtype=dtype, device=self.device)
         peers = [j for j in range(self.world) if j != self.rank]
         got = {j: torch.empty_like(mine) for j in peers}
         self.tp.wait(self.tp.post([("send", mine, j) for j in peers] + [("recv", got[j], j) for j in peers]),
                      self.timeout)
         return [list(spec) if j == self.rank else got[j].tolist() for j in range(self.world)]
+
+    def _swap_floats(self, values: Sequence[float]) -> list:
+        return self._swap_all(values, torch.float64)
 
     def _screen(self, rows: list, where: str) -> None:
         """Reject rows that are not spec messages of this wire version, alike on every rank."""
@@ -225,10 +300,12 @@ class Communicator:
         if self.compress == "never":
             return "raw"
         if dtype not in _CODED:
-            return "native" if self.compress == "auto" else "raw"
+            return "native" if self.compress == "auto" and self._torch else "raw"
         if self.compress == "always":
             return "compressed"
-        return self.policy.choose(op, dtype, nbytes, self.world)
+        plan = self.policy.choose(op, dtype, nbytes, self.world)
+        # Native means torch.distributed's own op: only a one-domain group has it.
+        return plan if self._torch or plan != "native" else "raw"
 
     def _open(self) -> None:
         if self._closed:
@@ -423,7 +500,7 @@ class Communicator:
                 else:
                     # Native pairs ride in the same exchange, uncompressed and
                     # with no control round (both sides know they are native).
-                    res = coll.exchange(self.tp, sends, recvs, {
+                    res = self.tp.exchange(sends, recvs, {
                         p: wire.Plan(coded=pl == "compressed", agreed=pl == "native") for p, pl in pairs.items()},
                         self.timeout)
                     plan = "compressed" if "compressed" in pairs.values() else "raw"
@@ -519,9 +596,9 @@ class Communicator:
                 self._agree("broadcast", plan, t.dtype, [t.numel(), src])
             if plan == "native":
                 return self._native_done("broadcast", t0, native(), sent)
-            res = coll.broadcast(self.tp, t, src, plan == "compressed", self.timeout)
+            res = coll.broadcast(self.tp, t, src, self._coded(plan), self.timeout)
             # Every rank sees each piece's stream once: the source its own, the others the received ones.
-            self.policy.observe(res.streams)
+            self._observe(res.streams)
             self._record("broadcast", plan, t0, res.raw_bytes, res.wire_bytes)
         return self._submit(run, async_op)
 
@@ -548,8 +625,8 @@ class Communicator:
                 self._agree("all_gather", plan, inp.dtype, [inp.numel()])
             if plan == "native":
                 return self._native_done("all_gather", t0, native(), sent)
-            res = coll.all_gather(self.tp, out, inp, plan == "compressed", self.timeout)
-            self.policy.observe(res.streams)  # every rank's stream, once each, on every rank
+            res = coll.all_gather(self.tp, out, inp, self._coded(plan), self.timeout)
+            self._observe(res.streams)  # every rank's stream, once each, on every rank
             self._record("all_gather", plan, t0, res.raw_bytes, res.wire_bytes)
         return self._submit(run, async_op)
 
@@ -573,7 +650,7 @@ class Communicator:
                 w = coll.reduce_scatter_native(out, inp, op=op.native(), group=self.group, async_op=True)
                 # gloo's reduce_scatter ignores wait(timeout): wait on a helper thread.
                 return self._native_done("reduce_scatter", t0, w, out.nbytes * (self.world - 1), detached=True)
-            res = coll.reduce_scatter(self.tp, out, inp, op, plan == "compressed", self.timeout)
+            res = coll.reduce_scatter(self.tp, out, inp, op, self._coded(plan), self.timeout)
             self._record("reduce_scatter", plan, t0, res.raw_bytes, res.wire_bytes)
         return self._submit(run, async_op)
 
@@ -596,8 +673,11 @@ class Communicator:
                 self._agree("all_reduce", plan, t.dtype, [t.numel(), list(ReduceOp).index(op)])
             if plan == "native":
                 return self._native_done("all_reduce", t0, native(), sent)
-            rs, ag = coll.all_reduce(self.tp, t, op, plan == "compressed", self.timeout)
-            self.policy.observe(ag.streams)  # the all-gather phase: every shard's stream on every rank
+            if self._hier:
+                rs, ag = coll.hier_all_reduce(self.tp, t, op, self._coded(plan), self.timeout, self.domains)
+            else:
+                rs, ag = coll.all_reduce(self.tp, t, op, self._coded(plan), self.timeout)
+            self._observe(ag.streams)  # the all-gather phase: every shard's stream on every rank
             self._record("all_reduce", plan, t0, rs.raw_bytes + ag.raw_bytes, rs.wire_bytes + ag.wire_bytes)
         return self._submit(run, async_op)
 
@@ -632,7 +712,7 @@ class Communicator:
                                            group=self.group, async_op=True)
                 sent = inp.nbytes - in_splits[self.rank] * (inp.nbytes // max(inp.shape[0], 1))
                 return self._native_done("all_to_all", t0, w, sent)
-            res = coll.all_to_all(self.tp, out, inp, out_splits, in_splits, plan == "compressed", self.timeout)
+            res = coll.all_to_all(self.tp, out, inp, out_splits, in_splits, self._coded(plan), self.timeout)
             self._record("all_to_all", plan, t0, res.raw_bytes, res.wire_bytes)
         return self._submit(run, async_op)
 
@@ -666,10 +746,26 @@ class Communicator:
         finally:
             self._closed = True
             self._pool.shutdown(wait=True)
+            if not self._torch:
+                self.tp.close()  # the fabric engine: endpoints and its progress thread
 
     def __repr__(self) -> str:
         return f"Communicator(rank={self.rank}, world={self.world}, compress={self.compress!r}, {self.backend})"
 
+
+
+def _device_of(device, group) -> torch.device:
+    """The tensors this rank moves: device=, else the group backend's (nccl: the current GPU)."""
+    if device is not None:
+        d = torch.device(device)
+        if d.type == "cuda" and d.index is None:
+            d = torch.device("cuda", torch.cuda.current_device())
+        if d.type not in ("cuda", "cpu"):
+            raise ValueError(f"device must be a CUDA/ROCm GPU or the CPU, got {device!r}")
+        return d
+    if str(dist.get_backend(group)) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def _private_group(parent, timeout: float):

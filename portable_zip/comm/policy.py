@@ -83,19 +83,27 @@ class Policy:
         hit = _CACHE.get(group, {}).get(self._key(tp))
         return 0 if hit is None else (zlib.crc32(repr(hit).encode()) | 1)
 
-    def calibrate(self, tp: Transport, group, timeout: float, cache_group, cached: bool) -> Calibration:
+    def calibrate(self, tp: Transport, group, timeout: float, cache_group, cached: bool, swap,
+                  torch_native: bool = True) -> Calibration:
         """Measure (or, where every rank has it cached, reuse) the constants,
         and agree on them: each rank ends with the same figures and margin.
         Collective: every rank calls it with the same `cached` (the
         constructor's handshake agrees on it). Every wait is bounded by
         timeout. Figures are cached per cache_group (the caller's group:
-        each Communicator measures over its own private copy of it)."""
+        each Communicator measures over its own private copy of it).
+        swap(values): every rank's list of floats, over the Communicator's
+        transport. torch_native: the group has torch collectives to measure."""
         key = self._key(tp)
         if cached:
             self.cal, self.margin = _CACHE[cache_group][key]
             return self.cal
         alpha, beta = self._measure_link(tp, timeout)
-        native = {op: self._measure_native(op, tp, group, timeout) for op in _NATIVE_MEASURED}
+        w1 = max(tp.world - 1, 1)
+        if torch_native:
+            native = {op: self._measure_native(op, tp, group, timeout) for op in _NATIVE_MEASURED}
+        else:  # no torch collective to fall back to: "native" is a raw exchange over the same transport
+            native = {"send": (alpha, beta), "all_gather": (w1 * alpha, w1 * beta),
+                      "all_reduce": (2 * w1 * alpha, 2 * w1 * beta / max(tp.world, 1))}
         if self.link_gbps:
             beta = 1e-9 / self.link_gbps
             native = {"send": (native["send"][0], beta),
@@ -110,12 +118,9 @@ class Policy:
             else:
                 comp[dt], decomp[dt] = self._measure_codec(dt, tp.device)
         # Agree on the slowest rank's figures so every rank decides alike.
-        vec = torch.tensor([alpha, beta] + [comp[d] for d in CODED] + [decomp[d] for d in CODED]
-                           + [v for op in _NATIVE_MEASURED for v in native[op]] + [self.margin],
-                           dtype=torch.float64, device=tp.device)
-        if tp.world > 1:
-            tp.wait([dist.all_reduce(vec, op=dist.ReduceOp.MAX, group=group, async_op=True)], timeout)
-        v = vec.tolist()
+        vec = ([alpha, beta] + [comp[d] for d in CODED] + [decomp[d] for d in CODED]
+               + [v for op in _NATIVE_MEASURED for v in native[op]] + [self.margin])
+        v = [max(col) for col in zip(*swap(vec))]
         self.margin = v[-1]
         n = len(CODED)
         source = "overridden" if (self.link_gbps and self.codec_gbps) else "measured"

@@ -1,7 +1,8 @@
-"""The transport seam: post sends and receives of device or host buffers to
-peers, then wait. Everything above it (wire protocol, collectives) is
-transport-neutral; libfabric and UCCL transports implement the same three
-methods."""
+"""The transport seam: exchange(sends, recvs, plan, timeout) moves a set of
+pairwise transfers, compressed or raw; post/wait move plain buffers (control
+messages, calibration). torch.distributed's exchange is the Python wave
+protocol (wire.exchange); the fabric engine's runs its pipeline in C++
+(fabric.py)."""
 from __future__ import annotations
 
 import datetime
@@ -26,6 +27,8 @@ class Transport(Protocol):
     def post(self, ops: Sequence[Op]) -> object: ...
 
     def wait(self, pending: object, timeout: float) -> None: ...
+
+    def exchange(self, sends, recvs, plan, timeout: float): ...
 
 
 def as_bytes(t: torch.Tensor) -> torch.Tensor:
@@ -95,6 +98,11 @@ class TorchDistTransport:
                                                       self.global_rank(peer), self.group) for kind, t, peer in ops])
         except RuntimeError as e:
             raise PeerError(f"{self.name}: posting {len(ops)} transfers failed: {e}") from e
+
+    def exchange(self, sends, recvs, plan, timeout: float):
+        """The seam: the wire protocol's wave pipeline over post/wait."""
+        from .wire import exchange
+        return exchange(self, sends, recvs, plan, timeout)
 
     def wait_detached(self, works: List[object], timeout: float) -> None:
         """wait() for works whose own wait ignores its timeout (gloo's

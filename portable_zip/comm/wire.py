@@ -205,10 +205,15 @@ def exchange(tp: Transport, sends: Dict[int, object], recvs: Dict[int, object], 
     tensor or a list (sent in order) per peer, every tensor contiguous on the
     transport's device. plan: a Plan for every pair, or {peer: Plan}. Pairs
     whose plan is not agreed swap control messages first (round 1)."""
+    res, sends, out_units, in_units, out_waves, in_waves, nwaves = _prepare(tp, sends, recvs, plan, timeout)
+    return _exchange_waves(tp, res, out_units, in_units, out_waves, in_waves, nwaves, timeout)
+
+
+def _prepare(tp: Transport, sends, recvs, plan, timeout: float) -> tuple:
+    """Round 1 where needed, then each direction's units cut into waves."""
     res = Result()
     _mark(None)
     sends, recvs = _as_lists(sends), _as_lists(recvs)
-    dev = tp.device
     peers = sorted(set(sends) | set(recvs))
     pair = {p: plan if isinstance(plan, Plan) else plan[p] for p in peers}
 
@@ -246,7 +251,11 @@ def exchange(tp: Transport, sends: Dict[int, object], recvs: Dict[int, object], 
     nwaves = max([len(w) for w in out_waves.values()] + [len(w) for w in in_waves.values()] + [1])
     for p, ts in sends.items():
         res.raw_bytes += sum(t.nbytes for t in ts)
+    return res, sends, out_units, in_units, out_waves, in_waves, nwaves
 
+
+def _exchange_waves(tp, res, out_units, in_units, out_waves, in_waves, nwaves, timeout) -> Result:
+    dev = tp.device
     # Round 2, one group per wave: raw tensors, and each coded piece's raw
     # planes and header region, posted right after the wave's compress is
     # launched, so the wire moves wave w while wave w+1 compresses.
@@ -259,13 +268,8 @@ def exchange(tp: Transport, sends: Dict[int, object], recvs: Dict[int, object], 
     for w in range(nwaves):
         ops = []
         wave_out = _in_wave(out_waves, w)
-        new = list(dict.fromkeys(u.key for u in wave_out if u.coded and u.key not in streams))
-        if len(new) == 1:
-            bufs = [codec._compress_padded(sources[new[0]])]
-        else:
-            bufs = codec.compress_batch([sources[k] for k in new], trim=False) if new else []
+        new, bufs = _compress_wave(wave_out, streams, sources)
         _mark(f"wave {w} compress launched")
-        streams.update(zip(new, bufs))
         sizes.append((new, _SizesLater(bufs, slots[8 * n_streams:] if slots is not None else None)))
         n_streams += len(new)
         for u in wave_out:
@@ -312,27 +316,103 @@ def exchange(tp: Transport, sends: Dict[int, object], recvs: Dict[int, object], 
         _mark(f"wave {w} tails posted")
 
     # Decode each wave as soon as its tails are in; later tails keep arriving.
-    # GPU decodes queue without a host sync and check one error word at the end.
-    err = torch.zeros(1, dtype=torch.int32, device=dev) if dev.type == "cuda" and in_units else None
+    err = _error_word(dev, in_units)
     for w in range(nwaves):
         tp.wait(tails[w], timeout)
         _mark(f"wave {w} tails done")
-        for u in _in_wave(in_waves, w):
-            if not u.coded:
-                continue
-            stream = u.buf[: u.total]
-            if err is None:
-                try:
-                    codec.decompress(stream, out=u.t)
-                except codec.FormatError as e:
-                    raise PeerError(f"rank {u.peer} sent a corrupt stream: {e}") from e
-            else:
-                codec._decode_gpu(stream, *u.head, u.t, err)
+        _decode([u for u in _in_wave(in_waves, w) if u.coded], err)
+    _check_error_word(err)
+    _mark("end", tp.rank)
+    return res
+
+
+def _error_word(dev: torch.device, in_units) -> Optional[torch.Tensor]:
+    """GPU decodes queue without a host sync and OR their errors into one word, checked at the end."""
+    return torch.zeros(1, dtype=torch.int32, device=dev) if dev.type == "cuda" and in_units else None
+
+
+def _decode(units: List[_Unit], err: Optional[torch.Tensor]) -> None:
+    for u in units:
+        stream = u.buf[: u.total]
+        if err is None:
+            try:
+                codec.decompress(stream, out=u.t)
+            except codec.FormatError as e:
+                raise PeerError(f"rank {u.peer} sent a corrupt stream: {e}") from e
+        else:
+            codec._decode_gpu(stream, *u.head, u.t, err)
+
+
+def _check_error_word(err: Optional[torch.Tensor]) -> None:
     if err is not None:
         bits = int(err.item())
         _mark("decoded")
         if bits:
             raise PeerError(f"a peer sent a corrupt stream: {_C.decode_error_text(bits)}")
+
+
+def _compress_wave(wave_out: List[_Unit], streams: Dict[tuple, torch.Tensor], sources: Dict[tuple, torch.Tensor]):
+    """Launch the compress of a wave's coded sources not yet compressed (once
+    for every peer); returns their keys and streams."""
+    new = list(dict.fromkeys(u.key for u in wave_out if u.coded and u.key not in streams))
+    if len(new) == 1:
+        bufs = [codec._compress_padded(sources[new[0]])]
+    else:
+        bufs = codec.compress_batch([sources[k] for k in new], trim=False) if new else []
+    streams.update(zip(new, bufs))
+    return new, bufs
+
+
+def exchange_sized(tp, sends: Dict[int, object], recvs: Dict[int, object], plan, timeout: float) -> Result:
+    """exchange() for a transport whose engine moves sized messages (the
+    fabric engine): each coded piece travels as one message whose length the
+    sending engine reads from the stream's header on the device, and the
+    receiving engine from the first chunk, so a wave is one post each way:
+    no size read-back, no separate tail round. Waves still pipeline compress,
+    wire and decode."""
+    from .fabric import RECV, RECV_SIZED, SEND, SEND_SIZED
+
+    res, sends, out_units, in_units, out_waves, in_waves, nwaves = _prepare(tp, sends, recvs, plan, timeout)
+    dev = tp.device
+    streams: Dict[tuple, torch.Tensor] = {}
+    sources = {u.key: u.t for us in out_units.values() for u in us if u.coded}
+    posted = []
+    for w in range(nwaves):
+        wave_out = _in_wave(out_waves, w)
+        _compress_wave(wave_out, streams, sources)
+        _mark(f"wave {w} compress launched")
+        ops = []
+        for u in wave_out:
+            if u.coded:
+                u.buf = streams[u.key]
+                ops.append((SEND_SIZED, u.buf, u.peer))
+            else:
+                ops.append((SEND, u.t, u.peer))
+                res.wire_bytes += u.t.nbytes
+        wave_in = _in_wave(in_waves, w)
+        _receive_buffers([u for u in wave_in if u.coded], dev)
+        ops += [(RECV_SIZED, u.buf, u.peer) if u.coded else (RECV, u.t, u.peer) for u in wave_in]
+        posted.append((wave_out, wave_in, tp.post_raw(ops)))
+        _mark(f"wave {w} posted")
+    err = _error_word(dev, in_units)
+    seen = set()
+    for wave_out, wave_in, pending in posted:
+        lens = tp.wait(pending, timeout)
+        _mark("wave done")
+        for u, n in zip(wave_out, lens):
+            if u.coded:
+                res.wire_bytes += n
+                if u.key not in seen:
+                    seen.add(u.key)
+                    res.streams.append((u.t.dtype, u.t.numel(), n))
+        coded_in = [(u, n) for u, n in zip(wave_in, lens[len(wave_out):]) if u.coded]
+        got = _read_headers([u for u, _ in coded_in])
+        for u, n in coded_in:
+            if u.total != n:
+                raise PeerError(f"rank {u.peer} sent a {n}-byte stream whose header says {u.total} bytes")
+            res.streams.append((u.t.dtype, u.t.numel(), n))
+        _decode(got, err)
+    _check_error_word(err)
     _mark("end", tp.rank)
     return res
 

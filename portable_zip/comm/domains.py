@@ -1,0 +1,141 @@
+"""Mixed clusters: ranks that share a vendor and a native fast path form a
+domain; data moves natively inside a domain and over the fabric engine,
+compressed where it pays, between domains.
+
+Every rank publishes what it is (device kind, host, build) through the job's
+store at construction, so all ranks derive the same domains."""
+from __future__ import annotations
+
+import datetime
+import numbers
+import socket
+import time
+from typing import List, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+
+from .. import _C
+from .errors import MismatchError, PeerTimeout
+from .transport import TorchDistTransport
+
+
+def device_kind(device: torch.device) -> str:
+    if device.type == "cuda":
+        return "rocm" if torch.version.hip else "cuda"
+    return "cpu"
+
+
+def rank_facts(group, device: torch.device, timeout: float) -> List[dict]:
+    """Every rank's {kind, host, build}, swapped through the job's store
+    (keyed by the private group's unique name)."""
+    store = dist.distributed_c10d._get_default_store()
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    prefix = f"pz/facts/{group.group_name}/"
+    me = f"{device_kind(device)}|{socket.gethostname()}|{_C.backend}:{_C.format_version}"
+    store.set(prefix + str(rank), me)
+    keys = [prefix + str(j) for j in range(world)]
+    try:
+        store.wait(keys, datetime.timedelta(seconds=timeout))
+    except Exception as e:  # noqa: BLE001 - the store's timeout error type varies by torch version
+        raise PeerTimeout(f"a peer did not publish its device facts within {timeout:g} s ({e})") from None
+    out = []
+    for k in keys:
+        kind, host, build = store.get(k).decode().split("|")
+        out.append({"kind": kind, "host": host, "build": build})
+    return out
+
+
+def resolve(domains, facts: List[dict], transport: str) -> List[List[int]]:
+    """The domains as sorted lists of group ranks, sorted by first rank.
+    domains: None (detect), "host" (vendor + host), or a list of rank lists."""
+    world = len(facts)
+    if domains is None:
+        if transport == "fabric":  # every rank alone: all traffic over the fabric
+            return [[r] for r in range(world)]
+        key = [f["kind"] for f in facts]  # one torch backend spans hosts of one vendor
+    elif domains == "host":
+        key = [(f["kind"], f["host"]) for f in facts]
+    else:
+        if isinstance(domains, (str, bytes)) or not isinstance(domains, Sequence):
+            raise TypeError(f"domains must be None, 'host' or a list of rank lists, got {domains!r}")
+        seen, out = set(), []
+        for d in domains:
+            if isinstance(d, (str, bytes)) or not isinstance(d, Sequence) or not d:
+                raise TypeError(f"each domain must be a non-empty list of ranks, got {d!r}")
+            for r in d:
+                if isinstance(r, bool) or not isinstance(r, numbers.Integral) or not 0 <= r < world:
+                    raise ValueError(f"domain rank {r!r} is not a rank of this group (size {world})")
+                if r in seen:
+                    raise ValueError(f"rank {r} is in two domains")
+                seen.add(int(r))
+            out.append(sorted(int(r) for r in d))
+        if len(seen) != world:
+            raise ValueError(f"domains must cover every rank of the group; missing {sorted(set(range(world)) - seen)}")
+        for d in out:
+            kinds = {facts[r]["kind"] for r in d}
+            if len(kinds) > 1:
+                raise ValueError(f"domain {d} mixes device kinds {sorted(kinds)}: no native path connects them")
+        return sorted(out)
+    groups = {}
+    for r, k in enumerate(key):
+        groups.setdefault(k, []).append(r)
+    return sorted(groups.values())
+
+
+def check_facts(facts: List[dict]) -> None:
+    builds = {f["build"].split(":")[1] for f in facts}
+    if len(builds) > 1:
+        raise MismatchError("ranks run portable_zip builds with different stream formats: " +
+                            ", ".join(f"rank {j} {f['build']}" for j, f in enumerate(facts)))
+
+
+def domain_group(parent_ranks: List[int], members: List[int], kind: str, timeout: float):
+    """This rank's domain's torch group (NCCL/RCCL for GPUs, gloo for CPUs); only members call it."""
+    backend = "nccl" if kind in ("cuda", "rocm") else "gloo"
+    return dist.new_group(ranks=[parent_ranks[r] for r in members], backend=backend,
+                          timeout=datetime.timedelta(seconds=timeout), use_local_synchronization=True)
+
+
+class RoutedTransport:
+    """Peers of this rank's domain over its native torch transport, every
+    other peer over the fabric engine; collectives see one transport."""
+
+    def __init__(self, local: Optional[TorchDistTransport], members: List[int], fabric):
+        self.local, self.fabric = local, fabric
+        self.rank, self.world, self.device = fabric.rank, fabric.world, fabric.device
+        self.members = members  # group ranks of this rank's domain; index = local rank
+        self._local_of = {r: i for i, r in enumerate(members)}
+        self.name = f"{local.name if local else 'alone'} + {fabric.name}"
+        self.backend = "routed"
+
+    def is_local(self, peer: int) -> bool:
+        return peer in self._local_of
+
+    def post(self, ops):
+        near = [(k, t, self._local_of[p]) for k, t, p in ops if p in self._local_of]
+        far = [(k, t, p) for k, t, p in ops if p not in self._local_of]
+        return (self.local.post(near) if near else None, self.fabric.post(far) if far else None)
+
+    def wait(self, pending, timeout: float) -> None:
+        near, far = pending
+        deadline = time.monotonic() + timeout
+        if far is not None:
+            self.fabric.wait(far, timeout)
+        if near is not None:
+            self.local.wait(near, max(deadline - time.monotonic(), 0.001))
+
+    def exchange(self, sends, recvs, plan, timeout: float):
+        from .wire import exchange
+        return exchange(self, sends, recvs, plan, timeout)
+
+    def global_rank(self, r: int) -> int:
+        return self.fabric.global_rank(r)
+
+    def connect(self, timeout: float) -> None:
+        self.fabric.connect(timeout)
+        if self.local is not None:
+            self.local.connect(timeout)
+
+    def close(self) -> None:
+        self.fabric.close()

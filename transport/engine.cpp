@@ -1,0 +1,701 @@
+#include "engine.h"
+
+#include <rdma/fabric.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_errno.h>
+#include <rdma/fi_tagged.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+
+#include "fabric_lib.h"
+#include "launch.h"
+
+namespace pz::fabric {
+namespace {
+
+constexpr uint64_t kMinChunk = 64 << 10;
+constexpr uint32_t kMaxChunks = 1u << 24;  // chunk index bits of a tag
+constexpr char kAddrMagic[4] = {'P', 'Z', 'F', '1'};
+constexpr size_t kProvField = 32;
+
+// tag: source rank (16 bits) | message sequence of the pair (24) | chunk (24).
+// Both ends count a pair's messages in posting order, so tags match without
+// a round trip, and the source rank keeps FI_ADDR_UNSPEC receives apart.
+uint64_t make_tag(int src, uint32_t seq, uint32_t idx) {
+  return (static_cast<uint64_t>(src & 0xFFFF) << 48) | (static_cast<uint64_t>(seq & 0xFFFFFF) << 24) |
+         (idx & 0xFFFFFF);
+}
+
+uint64_t get_u64(const uint8_t* p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
+  return v;
+}
+
+void check(int rc, const char* what) {
+  if (rc) throw std::runtime_error(std::string("libfabric: ") + what + " failed: " + err_text(rc));
+}
+
+}  // namespace
+
+struct Xfer {
+  Op op;
+  uint64_t batch = 0;
+  size_t index = 0;      // the op's place in its batch
+  uint32_t seq = 0;
+  bool staged = false;
+  uint64_t total = 0;    // bytes to move (sized kinds: known after chunk 0)
+  uint32_t nchunks = 0;  // 0 with a sized kind until chunk 0 says
+  uint32_t next = 0, done = 0;
+  bool send() const { return op.kind == Kind::Send || op.kind == Kind::SendSized; }
+  bool sized() const { return op.kind == Kind::SendSized || op.kind == Kind::RecvSized; }
+};
+
+struct Chunk {
+  fi_context2 ctx;  // first: libfabric returns its address as op_context
+  Xfer* x = nullptr;
+  Pair* pair = nullptr;
+  uint32_t idx = 0;
+  int slot = -1;
+  int rail = 0;
+  uint64_t off = 0, len = 0;
+  enum State { CopyOut, Wire, CopyIn } state = Wire;
+  bool copy_done = false;  // host staging copies finish at once
+};
+
+// Per peer: FIFO queues of transfers still posting chunks (sends, receives),
+// chunks in flight per direction, and the staging ring (depth slots each way).
+struct Pair {
+  int peer = 0;
+  std::deque<Xfer*> q[2];
+  int inflight[2] = {0, 0};
+  std::vector<int> free_slots[2];
+  uint8_t* slab = nullptr;
+  bool pinned = false;
+  fid_mr* mr = nullptr;
+  std::vector<void*> events;
+  std::vector<Chunk*> retry;  // posts the provider refused with FI_EAGAIN
+};
+
+std::string probe() { return load_error(); }
+
+Engine::Engine(const Config& cfg) : cfg_(cfg) {
+  if (cfg_.rails < 1 || cfg_.rails > 16) throw std::invalid_argument("PZ_FABRIC_RAILS must be 1 to 16");
+  if (cfg_.chunk < kMinChunk || cfg_.chunk > (1ull << 30))
+    throw std::invalid_argument("PZ_FABRIC_CHUNK must be 64 KiB to 1 GiB");
+  cfg_.chunk = (cfg_.chunk + 4095) & ~uint64_t{4095};  // whole pages: slots stay aligned
+  if (cfg_.depth < 1 || cfg_.depth > 64) throw std::invalid_argument("PZ_FABRIC_DEPTH must be 1 to 64");
+  if (cfg_.world > 0xFFFF) throw std::invalid_argument("the fabric transport supports up to 65535 ranks");
+  lib();  // throws with the library's install hint
+  open_provider();
+  send_seq_.assign(cfg_.world, 0);
+  recv_seq_.assign(cfg_.world, 0);
+#if defined(PZ_WITH_GPU)
+  if (cfg_.device >= 0) {
+    if (gpu_set_device(cfg_.device) || gpu_stream_new(&copy_stream_) || gpu_event_new(&order_event_)) {
+      const std::string why = last_error_message();
+      teardown();
+      throw std::runtime_error("fabric staging: " + why);
+    }
+  }
+#else
+  if (cfg_.device >= 0) throw std::invalid_argument("this build has no GPU backend: the fabric engine stages CPU memory only");
+#endif
+}
+
+Engine::~Engine() { close(); }
+
+void Engine::open_provider() {
+  const Lib& L = lib();
+  const uint32_t v = L.version();
+  const uint32_t api = FI_VERSION(FI_MAJOR(v), std::min<uint32_t>(FI_MINOR(v), 18));
+  std::vector<std::string> order;
+  if (!cfg_.provider.empty()) {
+    order.push_back(cfg_.provider);
+  } else {
+    if (cfg_.same_host) order.push_back("shm");
+    order.insert(order.end(), {"efa", "verbs;ofi_rxm"});
+    if (FI_MINOR(v) >= 18) order.push_back("tcp");  // xnet: RDM natively
+    order.push_back("tcp;ofi_rxm");
+  }
+  auto query = [&](const std::string& prov, bool hmem, fi_info** out) {
+    fi_info* hints = L.dupinfo(nullptr);
+    hints->ep_attr->type = FI_EP_RDM;
+    hints->caps = FI_TAGGED | FI_MSG | (hmem ? FI_HMEM : 0);
+    hints->mode = FI_CONTEXT | FI_CONTEXT2;
+    hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY |
+                                  (hmem ? FI_MR_HMEM : 0);
+    hints->domain_attr->threading = FI_THREAD_DOMAIN;  // one thread (ours) drives everything
+    hints->fabric_attr->prov_name = strdup(prov.c_str());
+    const int rc = L.getinfo(api, nullptr, nullptr, 0, hints, out);
+    L.freeinfo(hints);
+    return rc;
+  };
+  std::string tried;
+  for (const auto& prov : order) {
+    fi_info* got = nullptr;
+    const int rc = query(prov, false, &got);
+    if (rc != 0 || !got) {
+      tried += "\n  " + prov + ": " + err_text(rc);
+      continue;
+    }
+    info_ = L.dupinfo(got);  // the first match only
+    L.freeinfo(got);
+    fi_info* h = nullptr;
+    hmem_ = query(prov, true, &h) == 0 && h;
+    if (h) L.freeinfo(h);
+    try {
+      open_endpoints();
+      break;
+    } catch (const std::exception& e) {  // listed but unusable here (shm without CMA rights): the next one
+      tried += "\n  " + prov + ": " + e.what();
+      close_endpoints();
+    }
+  }
+  if (!info_) {
+    std::string avail;
+    fi_info* all = nullptr;
+    fi_info* hints = L.dupinfo(nullptr);
+    hints->ep_attr->type = FI_EP_RDM;
+    hints->caps = FI_TAGGED;
+    if (L.getinfo(api, nullptr, nullptr, 0, hints, &all) == 0) {
+      for (fi_info* i = all; i; i = i->next)
+        if (avail.find(i->fabric_attr->prov_name) == std::string::npos)
+          avail += std::string(avail.empty() ? "" : ", ") + i->fabric_attr->prov_name;
+      L.freeinfo(all);
+    }
+    L.freeinfo(hints);
+    throw std::runtime_error("no usable libfabric provider (reliable datagram, tagged messages) in " + L.path +
+                             ":" + tried + "\nproviders this host offers: " + (avail.empty() ? "none" : avail) +
+                             (cfg_.provider.empty() ? "" : "\n(PZ_FABRIC_PROVIDER forces the first)"));
+  }
+}
+
+void Engine::open_endpoints() {
+  mr_local_ = info_->domain_attr->mr_mode & FI_MR_LOCAL;
+  check(lib().open_fabric(info_->fabric_attr, &fabric_, nullptr), "fi_fabric");
+  check(fi_domain(fabric_, info_, &domain_, nullptr), "fi_domain");
+  rails_.assign(cfg_.rails, Rail{});
+  for (auto& r : rails_) {
+    fi_cq_attr cq{};
+    cq.format = FI_CQ_FORMAT_TAGGED;
+    check(fi_cq_open(domain_, &cq, &r.cq, nullptr), "fi_cq_open");
+    fi_av_attr av{};
+    av.type = FI_AV_TABLE;
+    check(fi_av_open(domain_, &av, &r.av, nullptr), "fi_av_open");
+    check(fi_endpoint(domain_, info_, &r.ep, nullptr), "fi_endpoint");
+    check(fi_ep_bind(r.ep, &r.av->fid, 0), "binding the address vector");
+    check(fi_ep_bind(r.ep, &r.cq->fid, FI_TRANSMIT | FI_RECV), "binding the completion queue");
+    check(fi_enable(r.ep), "fi_enable");
+    size_t len = 0;
+    fi_getname(&r.ep->fid, nullptr, &len);  // -FI_ETOOSMALL, with the length
+    r.name.resize(len);
+    check(fi_getname(&r.ep->fid, r.name.data(), &len), "fi_getname");
+    r.name.resize(len);
+  }
+}
+
+// Endpoints first: closing them cancels every posted operation, so the
+// provider never writes into a user's buffer after a failed wait returns.
+void Engine::close_endpoints() {
+  for (auto& r : rails_) {
+    if (r.ep) fi_close(&r.ep->fid);
+    if (r.av) fi_close(&r.av->fid);
+    if (r.cq) fi_close(&r.cq->fid);
+    r = Rail{};
+  }
+  rails_.clear();
+  if (domain_) fi_close(&domain_->fid);
+  if (fabric_) fi_close(&fabric_->fid);
+  domain_ = nullptr;
+  fabric_ = nullptr;
+  if (info_) lib().freeinfo(info_);
+  info_ = nullptr;
+}
+
+std::string Engine::address() const {
+  std::string a(kAddrMagic, 4);
+  std::string prov(info_->fabric_attr->prov_name);
+  prov.resize(kProvField, '\0');
+  a += prov;
+  auto put = [&](uint64_t v, int n) {
+    for (int i = 0; i < n; ++i) a.push_back(static_cast<char>((v >> (8 * i)) & 0xFF));
+  };
+  put(cfg_.rails, 4);
+  put(cfg_.chunk, 8);
+  put(cfg_.depth, 4);
+  put(rails_[0].name.size(), 4);
+  for (const auto& r : rails_) a += r.name;
+  return a;
+}
+
+void Engine::connect(const std::vector<std::string>& addrs) {
+  if (connected_) throw std::logic_error("connect: already connected");
+  if (static_cast<int>(addrs.size()) != cfg_.world) throw std::invalid_argument("connect: one address per rank");
+  const std::string mine = address();
+  const size_t fixed = 4 + kProvField + 20;
+  for (int j = 0; j < cfg_.world; ++j) {
+    const std::string& a = addrs[j];
+    if (a.size() < fixed || a.compare(0, 4, kAddrMagic, 4) != 0)
+      throw std::runtime_error("rank " + std::to_string(j) + " sent a garbled fabric address");
+    if (a.compare(0, fixed, mine, 0, fixed) != 0) {
+      auto prov = [](const std::string& s) { return std::string(s.c_str() + 4); };
+      throw std::invalid_argument("fabric settings differ: rank " + std::to_string(j) + " uses provider '" + prov(a) +
+                                  "' with its rails/chunk/depth, rank " + std::to_string(cfg_.rank) + " '" +
+                                  prov(mine) + "' (set PZ_FABRIC_PROVIDER, PZ_FABRIC_RAILS, PZ_FABRIC_CHUNK and "
+                                  "PZ_FABRIC_DEPTH alike on every rank)");
+    }
+    if (a.size() != mine.size()) throw std::runtime_error("rank " + std::to_string(j) + " sent a truncated address");
+  }
+  const size_t nlen = rails_[0].name.size();
+  for (int r = 0; r < cfg_.rails; ++r) {
+    std::string names;
+    for (const auto& a : addrs) names += a.substr(fixed + r * nlen, nlen);
+    rails_[r].addr.assign(cfg_.world, FI_ADDR_NOTAVAIL);
+    const int n = fi_av_insert(rails_[r].av, names.data(), cfg_.world,
+                               reinterpret_cast<fi_addr_t*>(rails_[r].addr.data()), 0, nullptr);
+    if (n != cfg_.world) throw std::runtime_error("libfabric: fi_av_insert took " + std::to_string(n) + " of " +
+                                                  std::to_string(cfg_.world) + " addresses");
+  }
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    connected_ = true;
+  }
+  // From here on only the progress thread calls into libfabric (FI_THREAD_DOMAIN).
+  thread_ = std::thread([this] { run(); });
+}
+
+uint64_t Engine::post(const std::vector<Op>& ops, void* user_stream) {
+  std::vector<Xfer*> xs;
+  uint64_t id;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (!error_.empty()) throw std::runtime_error("the fabric transport failed earlier: " + error_);
+    if (closed_ || !connected_) throw std::runtime_error("the fabric transport is closed");
+    id = next_batch_++;
+    Batch& b = batches_[id];
+    b.lens.assign(ops.size(), 0);
+    bool device = false;
+    for (size_t i = 0; i < ops.size(); ++i) {
+      const Op& op = ops[i];
+      if (op.peer < 0 || op.peer >= cfg_.world || op.peer == cfg_.rank)
+        throw std::invalid_argument("fabric: peer " + std::to_string(op.peer) + " is not another rank");
+      if (op.len == 0) continue;  // both ends skip empty transfers alike
+      if (op.len / cfg_.chunk >= kMaxChunks) throw std::invalid_argument("fabric: transfer too large for its chunk size");
+      auto* x = new Xfer;
+      x->op = op;
+      x->batch = id;
+      x->index = i;
+      x->staged = op.device || cfg_.stage_host || mr_local_;
+      x->seq = x->send() ? send_seq_[op.peer]++ : recv_seq_[op.peer]++;
+      if (!x->sized()) {
+        x->total = op.len;
+        x->nchunks = static_cast<uint32_t>((op.len + cfg_.chunk - 1) / cfg_.chunk);
+      }
+      device |= op.device && x->send();
+      xs.push_back(x);
+    }
+    b.left = static_cast<int>(xs.size());
+#if defined(PZ_WITH_GPU)
+    // Staging copies run on our stream, after the caller's queued work (the compress that fills a send).
+    if (device && gpu_stream_after(copy_stream_, user_stream, order_event_)) {
+      for (auto* x : xs) delete x;
+      batches_.erase(id);
+      throw std::runtime_error(std::string("fabric staging: ") + last_error_message());
+    }
+#else
+    (void)device;
+    (void)user_stream;
+#endif
+    for (auto* x : xs) incoming_.push_back(x);
+  }
+  work_cv_.notify_one();
+  return id;
+}
+
+int Engine::wait(uint64_t batch, double timeout_s, std::vector<uint64_t>* lens) {
+  std::unique_lock<std::mutex> lk(mu_);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  auto it = batches_.find(batch);
+  if (it == batches_.end()) throw std::invalid_argument("fabric: unknown batch");
+  bool in_time = done_cv_.wait_until(lk, deadline, [&] { return it->second.left == 0 || closed_; });
+  if (it->second.left == 0) {
+    if (lens) *lens = it->second.lens;
+    batches_.erase(it);
+    return 0;
+  }
+  if (!in_time && error_.empty()) error_ = "a transfer timed out after " + std::to_string(timeout_s) + " s";
+  work_cv_.notify_all();
+  // The progress thread tears the endpoints down (no late write into user memory), then signals.
+  done_cv_.wait_for(lk, std::chrono::seconds(10), [&] { return closed_; });
+  batches_.erase(batch);
+  if (!in_time) return 1;
+  throw std::runtime_error(error_);
+}
+
+Pair& Engine::pair(int peer) {
+  auto& p = pairs_[peer];
+  if (!p) {
+    p = std::make_unique<Pair>();
+    p->peer = peer;
+  }
+  return *p;
+}
+
+// Slots of a pair's ring: [0, depth) for sends, [depth, 2 depth) for receives,
+// allocated at its first staged transfer and registered where the provider asks.
+static uint8_t* slot_ptr(Pair& p, const Config& cfg, int slot) { return p.slab + static_cast<uint64_t>(slot) * cfg.chunk; }
+
+bool Engine::start_chunk(Xfer* x) {
+  Pair& p = pair(x->op.peer);
+  const int dir = x->send() ? 0 : 1;
+  if (x->nchunks == 0 && x->next > 0) return false;  // a sized transfer waiting for its first chunk
+  if (x->nchunks && x->next >= x->nchunks) return false;
+  if (p.inflight[dir] >= cfg_.depth) return false;
+  if (x->staged && !p.slab) {
+    const uint64_t bytes = 2ull * cfg_.depth * cfg_.chunk;
+#if defined(PZ_WITH_GPU)
+    if (cfg_.device >= 0) {
+      void* mem = nullptr;
+      if (gpu_pinned_alloc(&mem, bytes)) throw std::runtime_error(last_error_message());
+      p.slab = static_cast<uint8_t*>(mem);
+      p.pinned = true;
+      for (int s = 0; s < 2 * cfg_.depth; ++s) {
+        void* ev = nullptr;
+        if (gpu_event_new(&ev)) throw std::runtime_error(last_error_message());
+        p.events.push_back(ev);
+      }
+    }
+#endif
+    if (!p.slab) p.slab = static_cast<uint8_t*>(std::aligned_alloc(4096, bytes));
+    if (!p.slab) throw std::runtime_error("fabric: out of memory for the staging ring");
+    if (mr_local_) check(fi_mr_reg(domain_, p.slab, bytes, FI_SEND | FI_RECV, 0, 0, 0, &p.mr, nullptr),
+                         "registering the staging ring");
+    for (int s = cfg_.depth - 1; s >= 0; --s) p.free_slots[0].push_back(s), p.free_slots[1].push_back(cfg_.depth + s);
+  }
+  auto* c = new Chunk;
+  c->x = x;
+  c->pair = &p;
+  c->idx = x->next++;
+  c->rail = static_cast<int>(c->idx % cfg_.rails);
+  c->off = static_cast<uint64_t>(c->idx) * cfg_.chunk;
+  c->len = x->nchunks ? std::min<uint64_t>(cfg_.chunk, x->total - c->off) : std::min<uint64_t>(cfg_.chunk, x->op.len);
+  p.inflight[dir]++;
+  if (x->staged) {
+    c->slot = p.free_slots[dir].back();
+    p.free_slots[dir].pop_back();
+  }
+  if (x->send() && x->staged) {
+    c->state = Chunk::CopyOut;
+    uint8_t* dst = slot_ptr(p, cfg_, c->slot);
+#if defined(PZ_WITH_GPU)
+    if (x->op.device) {
+      if (gpu_copy_async(dst, x->op.ptr + c->off, c->len, copy_stream_, p.events[c->slot]))
+        throw std::runtime_error(last_error_message());
+      copying_.push_back(c);
+      return true;
+    }
+#endif
+    std::memcpy(dst, x->op.ptr + c->off, c->len);
+    c->copy_done = true;
+    copying_.push_back(c);
+    return true;
+  }
+  if (x->send() && x->nchunks == 0) {  // sized, from host memory: the header is right there
+    x->total = get_u64(x->op.ptr + 8);
+  }
+  c->state = Chunk::Wire;
+  if (!post_wire(c)) p.retry.push_back(c);
+  return true;
+}
+
+// Sized sends learn the stream's length from its header in chunk 0.
+static std::string sized_send_problem(Xfer* x, uint64_t total) {
+  if (total < 16 || total > x->op.len)
+    return "a stream to send says it holds " + std::to_string(total) + " bytes, outside its " +
+           std::to_string(x->op.len) + "-byte buffer";
+  return "";
+}
+
+bool Engine::post_wire(Chunk* c) {
+  Xfer* x = c->x;
+  if (x->send() && x->nchunks == 0) {  // chunk 0 of a sized send: fix the length now
+    if (x->staged) x->total = get_u64(slot_ptr(*c->pair, cfg_, c->slot) + 8);
+    const std::string why = sized_send_problem(x, x->total);
+    if (!why.empty()) throw std::runtime_error(why);
+    x->nchunks = static_cast<uint32_t>((x->total + cfg_.chunk - 1) / cfg_.chunk);
+    c->len = std::min<uint64_t>(cfg_.chunk, x->total);
+  }
+  Rail& r = rails_[c->rail];
+  void* buf = x->staged ? slot_ptr(*c->pair, cfg_, c->slot) : x->op.ptr + c->off;
+  void* desc = c->pair->mr ? fi_mr_desc(c->pair->mr) : nullptr;
+  const int peer = x->op.peer;
+  ssize_t rc;
+  if (x->send())
+    rc = fi_tsend(r.ep, buf, c->len, desc, r.addr[peer], make_tag(cfg_.rank, x->seq, c->idx), &c->ctx);
+  else
+    rc = fi_trecv(r.ep, buf, c->len, desc, FI_ADDR_UNSPEC, make_tag(peer, x->seq, c->idx), 0, &c->ctx);
+  if (rc == -FI_EAGAIN) return false;
+  if (rc) throw std::runtime_error(std::string(x->send() ? "posting a send to rank " : "posting a receive from rank ") +
+                                   std::to_string(peer) + ": " + err_text(static_cast<int>(rc)));
+  return true;
+}
+
+void Engine::on_wire_done(Chunk* c, uint64_t len) {
+  Xfer* x = c->x;
+  const int peer = x->op.peer;
+  if (!x->send()) {
+    const uint8_t* got = x->staged ? slot_ptr(*c->pair, cfg_, c->slot) : x->op.ptr + c->off;
+    if (x->nchunks == 0) {  // chunk 0 of a sized receive: the header says how long the stream is
+      const uint64_t total = len >= 16 ? get_u64(got + 8) : 0;
+      if (len < 16 || total < 16 || total > x->op.len || len != std::min<uint64_t>(total, cfg_.chunk))
+        throw std::runtime_error("rank " + std::to_string(peer) + " sent a stream whose header claims " +
+                                 std::to_string(total) + " bytes (first chunk " + std::to_string(len) +
+                                 " bytes, room for " + std::to_string(x->op.len) + ")");
+      x->total = total;
+      x->nchunks = static_cast<uint32_t>((total + cfg_.chunk - 1) / cfg_.chunk);
+      c->len = len;
+    } else if (len != c->len) {
+      throw std::runtime_error("rank " + std::to_string(peer) + " sent " + std::to_string(len) + " bytes where " +
+                               std::to_string(c->len) + " were expected");
+    }
+    if (x->staged) {
+      c->state = Chunk::CopyIn;
+#if defined(PZ_WITH_GPU)
+      if (x->op.device) {
+        if (gpu_copy_async(x->op.ptr + c->off, got, c->len, copy_stream_, c->pair->events[c->slot]))
+          throw std::runtime_error(last_error_message());
+        copying_.push_back(c);
+        return;
+      }
+#endif
+      std::memcpy(x->op.ptr + c->off, got, c->len);
+    }
+  }
+  finish_chunk(c);
+}
+
+void Engine::finish_chunk(Chunk* c) {
+  Xfer* x = c->x;
+  Pair& p = *c->pair;
+  const int dir = x->send() ? 0 : 1;
+  p.inflight[dir]--;
+  if (c->slot >= 0) p.free_slots[dir].push_back(c->slot);
+  delete c;
+  if (++x->done == x->nchunks) {
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      auto it = batches_.find(x->batch);
+      if (it != batches_.end()) {
+        it->second.lens[x->index] = x->total;
+        it->second.left--;
+      }
+    }
+    done_cv_.notify_all();
+    delete x;
+  }
+}
+
+bool Engine::advance(Pair& p, int dir) {
+  bool busy = false;
+  while (!p.q[dir].empty()) {
+    Xfer* x = p.q[dir].front();
+    while (start_chunk(x)) busy = true;
+    if (!x->nchunks || x->next < x->nchunks) break;  // FIFO: later transfers wait for this one's chunks
+    p.q[dir].pop_front();
+  }
+  return busy;
+}
+
+bool Engine::poll_cqs() {
+  bool busy = false;
+  fi_cq_tagged_entry ev[16];
+  for (auto& r : rails_) {
+    for (;;) {
+      const ssize_t n = fi_cq_read(r.cq, ev, 16);
+      if (n == -FI_EAGAIN) break;
+      if (n == -FI_EAVAIL) {
+        fi_cq_err_entry e{};
+        fi_cq_readerr(r.cq, &e, 0);
+        auto* c = static_cast<Chunk*>(e.op_context);
+        std::string who = c ? (c->x->send() ? "sending to rank " : "receiving from rank ") + std::to_string(c->x->op.peer)
+                            : std::string("a transfer");
+        throw std::runtime_error(who + " failed (peer likely dead): " + err_text(e.err) +
+                                 (e.prov_errno ? ", provider errno " + std::to_string(e.prov_errno) : ""));
+      }
+      if (n < 0) throw std::runtime_error("fi_cq_read: " + err_text(static_cast<int>(n)));
+      for (ssize_t i = 0; i < n; ++i) on_wire_done(static_cast<Chunk*>(ev[i].op_context), ev[i].len);
+      busy = true;
+      if (n < 16) break;
+    }
+  }
+  return busy;
+}
+
+bool Engine::poll_copies() {
+  bool busy = false;
+  for (size_t i = 0; i < copying_.size();) {
+    Chunk* c = copying_[i];
+    int done = c->copy_done ? 1 : 0;
+#if defined(PZ_WITH_GPU)
+    if (!done) {
+      done = gpu_event_done(c->pair->events[c->slot]);
+      if (done < 0 || done == kRuntimeError) throw std::runtime_error(last_error_message());
+    }
+#endif
+    if (!done) {
+      ++i;
+      continue;
+    }
+    copying_[i] = copying_.back();
+    copying_.pop_back();
+    busy = true;
+    if (c->state == Chunk::CopyOut) {
+      c->state = Chunk::Wire;
+      if (!post_wire(c)) c->pair->retry.push_back(c);
+    } else {
+      finish_chunk(c);
+    }
+  }
+  return busy;
+}
+
+void Engine::run() {
+#if defined(PZ_WITH_GPU)
+  if (cfg_.device >= 0) gpu_set_device(cfg_.device);
+#endif
+  int idle = 0;
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      if (stop_ || !error_.empty()) break;
+      const bool active = !copying_.empty() || std::any_of(pairs_.begin(), pairs_.end(), [](const auto& kv) {
+        return kv.second->inflight[0] || kv.second->inflight[1] || !kv.second->q[0].empty() || !kv.second->q[1].empty();
+      });
+      if (!active && incoming_.empty()) {
+        work_cv_.wait_for(lk, std::chrono::milliseconds(20));
+        idle = 0;
+      }
+      while (!incoming_.empty()) {
+        Xfer* x = incoming_.front();
+        incoming_.pop_front();
+        pair(x->op.peer).q[x->send() ? 0 : 1].push_back(x);
+      }
+    }
+    try {
+      bool busy = false;
+      for (auto& kv : pairs_) {
+        Pair& p = *kv.second;
+        for (size_t i = 0; i < p.retry.size();) {
+          if (post_wire(p.retry[i])) {
+            p.retry.erase(p.retry.begin() + static_cast<long>(i));
+            busy = true;
+          } else {
+            ++i;
+          }
+        }
+        busy |= advance(p, 0);
+        busy |= advance(p, 1);
+      }
+      busy |= poll_copies();
+      busy |= poll_cqs();
+      // Spin while data moves (tcp and rxm progress inside fi_cq_read), then back off:
+      // on a shared core a spinning thread would starve the ranks it waits for.
+      idle = busy ? 0 : idle + 1;
+      if (idle > 20000)
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      else if (idle > 200)
+        std::this_thread::yield();
+    } catch (const std::exception& e) {
+      fail(e.what());
+    }
+  }
+  teardown();
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    closed_ = true;
+  }
+  done_cv_.notify_all();
+}
+
+void Engine::fail(const std::string& why) {
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (error_.empty()) error_ = why;
+  }
+  done_cv_.notify_all();
+}
+
+void Engine::teardown() {
+  for (auto& r : rails_) {  // no posted operation outlives this: the provider cancels them
+    if (r.ep) fi_close(&r.ep->fid);
+    r.ep = nullptr;
+  }
+#if defined(PZ_WITH_GPU)
+  // Staging copies still queued touch user memory and the slots: let them end.
+  for (int spin = 0; spin < 100000 && !copying_.empty(); ++spin) {
+    copying_.erase(std::remove_if(copying_.begin(), copying_.end(), [](Chunk* c) {
+      return c->copy_done || gpu_event_done(c->pair->events[c->slot]) != 0;
+    }), copying_.end());
+  }
+#endif
+  copying_.clear();
+  for (auto& kv : pairs_) {
+    Pair& p = *kv.second;
+    if (p.mr) fi_close(&p.mr->fid);
+#if defined(PZ_WITH_GPU)
+    for (void* ev : p.events) gpu_event_free(ev);
+    if (p.slab && p.pinned) gpu_pinned_free(p.slab);
+#endif
+    if (p.slab && !p.pinned) std::free(p.slab);
+    p.slab = nullptr;
+    p.events.clear();
+  }
+  pairs_.clear();  // the transfers and chunks they held are leaked on purpose: the provider may still name them
+  close_endpoints();
+#if defined(PZ_WITH_GPU)
+  if (order_event_) gpu_event_free(order_event_);
+  if (copy_stream_) gpu_stream_free(copy_stream_);
+#endif
+  order_event_ = copy_stream_ = nullptr;
+}
+
+void Engine::close() {
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    stop_ = true;
+  }
+  work_cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  if (!closed_) {
+    teardown();
+    closed_ = true;
+  }
+}
+
+std::map<std::string, std::string> Engine::info() const {
+  std::map<std::string, std::string> m;
+  std::lock_guard<std::mutex> g(mu_);
+  const Lib& L = lib();
+  const uint32_t v = L.version();
+  m["library"] = L.path;
+  m["version"] = std::to_string(FI_MAJOR(v)) + "." + std::to_string(FI_MINOR(v));
+  m["provider"] = info_ ? info_->fabric_attr->prov_name : "";
+  m["fabric"] = info_ && info_->fabric_attr->name ? info_->fabric_attr->name : "";
+  m["domain"] = info_ && info_->domain_attr->name ? info_->domain_attr->name : "";
+  m["rails"] = std::to_string(cfg_.rails);
+  m["chunk"] = std::to_string(cfg_.chunk);
+  m["depth"] = std::to_string(cfg_.depth);
+  m["hmem"] = hmem_ ? "offered (device memory still staged)" : "no";
+  m["mr_local"] = mr_local_ ? "yes (host memory staged through registered slots)" : "no";
+  m["error"] = error_;
+  return m;
+}
+
+}  // namespace pz::fabric

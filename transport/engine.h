@@ -1,0 +1,122 @@
+// The fabric engine: libfabric RDM endpoints ("rails") to every peer, tagged
+// messages cut into chunks striped round-robin over the rails, a pinned
+// staging ring per peer for memory the provider cannot send from, and one
+// progress thread. Python posts a batch of transfers and waits on it.
+#pragma once
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+struct fi_info;
+struct fid_fabric;
+struct fid_domain;
+struct fid_ep;
+struct fid_cq;
+struct fid_av;
+
+namespace pz::fabric {
+
+// Send/Recv move exactly len bytes. The sized kinds move a portable_zip
+// stream of at most len bytes whose real length is its header's total (the
+// u64 at byte 8), read on the device side by the sender's engine and from
+// the first chunk by the receiver's: no size round trip, no host sync.
+enum class Kind : int { Send = 0, Recv = 1, SendSized = 2, RecvSized = 3 };
+
+struct Op {
+  Kind kind;
+  int peer;
+  uint8_t* ptr;
+  uint64_t len;
+  bool device;  // GPU memory: staged through pinned host slots
+};
+
+struct Config {
+  std::string provider;       // "" = auto: shm (one host), efa, verbs;ofi_rxm, tcp (>= 1.18), tcp;ofi_rxm
+  int rails = 2;              // endpoints per peer, chunks striped over them
+  uint64_t chunk = 2 << 20;   // bytes per chunk (and per staging slot)
+  int depth = 4;              // chunks in flight per peer and direction (= staging slots)
+  bool stage_host = false;    // stage host memory too (what FI_MR_LOCAL providers need; tests the ring on CPU)
+  int device = -1;            // GPU ordinal for staging copies (-1: a CPU rank)
+  int rank = 0, world = 1;
+  bool same_host = false;     // every rank on this host: auto tries shm first
+};
+
+struct Chunk;
+struct Xfer;
+struct Pair;
+
+class Engine {
+ public:
+  explicit Engine(const Config& cfg);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  std::string address() const;                          // this rank's rails' names, concatenated
+  void connect(const std::vector<std::string>& addrs);  // every rank's address(), in rank order
+  uint64_t post(const std::vector<Op>& ops, void* user_stream);
+  // 0: done (lens: bytes moved per op); 1: timed out. Throws on a transfer error.
+  // After a timeout or an error the engine is closed: no op can touch user memory later.
+  int wait(uint64_t batch, double timeout_s, std::vector<uint64_t>* lens);
+  std::map<std::string, std::string> info() const;
+  void close();
+
+ private:
+  struct Batch {
+    int left = 0;
+    std::vector<uint64_t> lens;
+  };
+  struct Rail {
+    fid_ep* ep = nullptr;
+    fid_cq* cq = nullptr;
+    fid_av* av = nullptr;
+    std::string name;
+    std::vector<uint64_t> addr;  // fi_addr_t of every rank
+  };
+
+  void open_provider();
+  void open_endpoints();
+  void close_endpoints();
+  void run();                 // the progress thread
+  bool advance(Pair& p, int dir);
+  bool start_chunk(Xfer* x);
+  bool post_wire(Chunk* c);
+  void on_wire_done(Chunk* c, uint64_t len);
+  void finish_chunk(Chunk* c);
+  bool poll_cqs();
+  bool poll_copies();
+  void fail(const std::string& why);
+  void teardown();
+  Pair& pair(int peer);
+
+  Config cfg_;
+  fi_info* info_ = nullptr;
+  fid_fabric* fabric_ = nullptr;
+  fid_domain* domain_ = nullptr;
+  std::vector<Rail> rails_;
+  bool mr_local_ = false, hmem_ = false;
+  void* copy_stream_ = nullptr;
+  void* order_event_ = nullptr;
+
+  mutable std::mutex mu_;
+  std::condition_variable work_cv_, done_cv_;
+  std::deque<Xfer*> incoming_;
+  std::map<uint64_t, Batch> batches_;
+  std::map<int, std::unique_ptr<Pair>> pairs_;  // progress thread only
+  std::vector<Chunk*> copying_;                 // progress thread only
+  uint64_t next_batch_ = 1;
+  std::vector<uint32_t> send_seq_, recv_seq_;   // per peer, under mu_
+  std::string error_;
+  bool stop_ = false, closed_ = false, connected_ = false;
+  std::thread thread_;
+};
+
+std::string probe();  // "" when libfabric loads, else why not
+
+}  // namespace pz::fabric
