@@ -217,10 +217,10 @@ NB_MODULE(_C, m) {
   m.def("fabric_probe", &fabric::probe);
   nb::class_<Engine>(m, "FabricEngine")
       .def("__init__", [](Engine* self, const std::string& provider, int rails, uint64_t chunk, int depth,
-                          bool stage_host, int device, int rank, int world, bool same_host) {
+                          bool stage_host, int device, int rank, int world, bool same_host, int spin) {
         fabric::Config c;
         c.provider = provider, c.rails = rails, c.chunk = chunk, c.depth = depth, c.stage_host = stage_host;
-        c.device = device, c.rank = rank, c.world = world, c.same_host = same_host;
+        c.device = device, c.rank = rank, c.world = world, c.same_host = same_host, c.spin = spin;
         nb::gil_scoped_release release;
         new (self) Engine(c);
       })

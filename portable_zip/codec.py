@@ -329,6 +329,9 @@ def backend_info(device: Optional[int] = None) -> dict:
         "torch": torch.__version__,
         "warp_size": None,
         "device": None,
+        # transport="fabric": built in (libfabric headers at build time) and libfabric loadable now.
+        "fabric": "available" if not _C.fabric_probe() else "unavailable",
+        "fabric_detail": _C.fabric_probe() or "libfabric loads",
     }
     if _C.has_gpu() and torch.cuda.is_available():
         dev = torch.cuda.current_device() if device is None else device

@@ -53,6 +53,8 @@ struct Xfer {
   uint64_t total = 0;    // bytes to move (sized kinds: known after chunk 0)
   uint32_t nchunks = 0;  // 0 with a sized kind until chunk 0 says
   uint32_t next = 0, done = 0;
+  bool queued = true;     // still in its pair's FIFO (posting chunks)
+  bool finished = false;  // every chunk done and reported
   bool send() const { return op.kind == Kind::Send || op.kind == Kind::SendSized; }
   bool sized() const { return op.kind == Kind::SendSized || op.kind == Kind::RecvSized; }
 };
@@ -498,7 +500,8 @@ void Engine::finish_chunk(Chunk* c) {
       }
     }
     done_cv_.notify_all();
-    delete x;
+    x->finished = true;
+    if (!x->queued) delete x;  // else its FIFO still holds it (a sized transfer of one chunk): advance() frees it
   }
 }
 
@@ -509,6 +512,8 @@ bool Engine::advance(Pair& p, int dir) {
     while (start_chunk(x)) busy = true;
     if (!x->nchunks || x->next < x->nchunks) break;  // FIFO: later transfers wait for this one's chunks
     p.q[dir].pop_front();
+    x->queued = false;
+    if (x->finished) delete x;
   }
   return busy;
 }
@@ -605,13 +610,12 @@ void Engine::run() {
       }
       busy |= poll_copies();
       busy |= poll_cqs();
-      // Spin while data moves (tcp and rxm progress inside fi_cq_read), then back off:
-      // on a shared core a spinning thread would starve the ranks it waits for.
+      // Spin while data moves (tcp and rxm progress inside fi_cq_read), then
+      // back off to sleeps of up to 0.5 ms: a thread spinning on a shared core
+      // would starve the very ranks it waits for (PZ_FABRIC_SPIN: polls first).
       idle = busy ? 0 : idle + 1;
-      if (idle > 20000)
-        std::this_thread::sleep_for(std::chrono::microseconds(50));
-      else if (idle > 200)
-        std::this_thread::yield();
+      if (idle > cfg_.spin)
+        std::this_thread::sleep_for(std::chrono::microseconds(std::min(500, 10 << std::min(idle - cfg_.spin, 6))));
     } catch (const std::exception& e) {
       fail(e.what());
     }

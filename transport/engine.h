@@ -45,6 +45,7 @@ struct Config {
   int device = -1;            // GPU ordinal for staging copies (-1: a CPU rank)
   int rank = 0, world = 1;
   bool same_host = false;     // every rank on this host: auto tries shm first
+  int spin = 2000;            // idle polls before the progress thread starts sleeping
 };
 
 struct Chunk;

@@ -179,10 +179,12 @@ class Communicator:
         if all(len(d) == 1 for d in self.domains):
             self.tp = fab
         else:
+            # Every rank makes exactly one domain group, singletons too: torch
+            # names groups by how many this process holds, so counts must stay
+            # equal on every rank for later groups to match up.
             parent = dist.get_process_group_ranks(self.group)
-            local = None
-            if len(mine) > 1:
-                local = TorchDistTransport(dom.domain_group(parent, mine, facts[self.rank]["kind"], self.timeout))
+            grp = dom.domain_group(parent, mine, facts[self.rank]["kind"], self.timeout)
+            local = TorchDistTransport(grp) if len(mine) > 1 else None
             self.tp = dom.RoutedTransport(local, mine, fab)
         # Hierarchical reductions need equal domains (one shard per local rank).
         self._hier = len({len(d) for d in self.domains}) == 1 and len(self.domains[0]) > 1

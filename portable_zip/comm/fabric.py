@@ -7,7 +7,8 @@ PZ_FABRIC_PROVIDER (force one: "tcp;ofi_rxm", "efa", "shm", ...),
 PZ_FABRIC_RAILS (endpoints per peer, default 2), PZ_FABRIC_CHUNK (bytes per
 chunk and staging slot, default 2 MiB), PZ_FABRIC_DEPTH (chunks in flight per
 peer and direction, default 4), PZ_FABRIC_STAGE=1 (stage host memory too),
-PZ_FABRIC_LIBRARY (a libfabric.so.1 to load)."""
+PZ_FABRIC_LIBRARY (a libfabric.so.1 to load), PZ_FABRIC_SPIN (idle polls
+before the progress thread sleeps, default 2000; more on dedicated cores)."""
 from __future__ import annotations
 
 import os
@@ -57,7 +58,7 @@ class FabricTransport:
             self.engine = _C.FabricEngine(provider, _env_int("PZ_FABRIC_RAILS", 2), _env_int("PZ_FABRIC_CHUNK", 2 << 20),
                                           _env_int("PZ_FABRIC_DEPTH", 4), os.environ.get("PZ_FABRIC_STAGE") == "1",
                                           device.index if device.type == "cuda" else -1, self.rank, self.world,
-                                          same_host)
+                                          same_host, _env_int("PZ_FABRIC_SPIN", 2000))
         except RuntimeError as e:
             raise RuntimeError(f"transport='fabric': {e}") from None
         self.info = self.engine.info()

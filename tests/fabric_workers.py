@@ -1,0 +1,175 @@
+"""Per-rank bodies of the fabric-transport tests: every op over libfabric
+(tcp;ofi_rxm on loopback), bit-exact against gloo, mixed domains, staging,
+and failures."""
+import os
+import signal
+import time
+
+import torch
+import torch.distributed as dist
+
+import portable_zip as pz
+from comm_workers import DTYPES, REDUCIBLE, check, data, empty
+from conftest import same_bits as same
+
+
+def fabric_battery(rank, world, seed, sizes, domains=None, modes=("always", "never", "auto")):
+    """Every op and dtype over the fabric (domains=None: every pair; else mixed
+    domains, native gloo inside), checked against what gloo computes on the
+    same job: moving ops byte for byte; reductions against a gloo
+    Communicator running the same algorithm (flat), or, across domains,
+    against torch's all_reduce on integer-valued data, and equal on every rank."""
+    fab = {m: pz.Communicator(compress=m, transport="fabric", timeout=60, domains=domains) for m in modes}
+    ref = pz.Communicator(compress="never", transport="torch", timeout=60)
+    hier = domains is not None and len({len(d) for d in domains}) == 1 and len(domains[0]) > 1
+    passed, case = 0, 0
+    for dtype in DTYPES:
+        for numel in sizes:
+            case += 1
+            for mode, comm in fab.items():
+                nxt, prv = (rank + 1) % world, (rank - 1) % world
+                got = empty(numel, dtype=dtype)
+                w1 = comm.isend(data(seed, rank, case, numel, dtype), nxt)
+                w2 = comm.irecv(got, prv)
+                w1.wait(), w2.wait()
+                check(same(got, data(seed, prv, case, numel, dtype)), f"send/recv {mode} {dtype} {numel}")
+                src = case % world
+                t = data(seed, src, case, numel, dtype) if rank == src else empty(numel, dtype=dtype)
+                comm.broadcast(t, src)
+                check(same(t, data(seed, src, case, numel, dtype)), f"broadcast {mode} {dtype} {numel}")
+                out = empty(world * numel, dtype=dtype)
+                comm.all_gather_single(out, data(seed, rank, case, numel, dtype))
+                want = torch.cat([data(seed, r, case, numel, dtype) for r in range(world)])
+                check(same(out, want), f"all_gather {mode} {dtype} {numel}")
+                splits = [[(i + 2 * j + case) % 5 * (numel % 7 + 1) for j in range(world)] for i in range(world)]
+                inp = data(seed, rank, case, sum(splits[rank]) * 3, dtype).reshape(-1, 3)
+                out = empty(sum(splits[j][rank] for j in range(world)), 3, dtype=dtype)
+                comm.all_to_all_single(out, inp, [splits[j][rank] for j in range(world)], splits[rank])
+                want = torch.cat([data(seed, j, case, sum(splits[j]) * 3, dtype).reshape(-1, 3)
+                                  [sum(splits[j][:rank]): sum(splits[j][:rank + 1])] for j in range(world)])
+                check(same(out, want), f"all_to_all {mode} {dtype} {numel}")
+                passed += 4
+                if dtype not in REDUCIBLE:
+                    continue
+                for op in pz.ReduceOp:
+                    mine = data(seed, rank, case, numel, dtype)
+                    t = mine.clone()
+                    comm.all_reduce(t, op=op)
+                    if hier:
+                        everyone = empty(world * numel, dtype=dtype)
+                        dist.all_gather_into_tensor(everyone, t)
+                        check(all(same(c, t) for c in everyone.chunk(world)), f"all_reduce {op} {mode}: ranks differ")
+                        exact = torch.stack([data(seed, r, case, numel, dtype).double() for r in range(world)])
+                        exact = {pz.ReduceOp.SUM: exact.sum(0), pz.ReduceOp.AVG: exact.mean(0),
+                                 pz.ReduceOp.MIN: exact.min(0).values, pz.ReduceOp.MAX: exact.max(0).values}[op]
+                        tol = 0 if op in (pz.ReduceOp.MIN, pz.ReduceOp.MAX) else 0.02 * world
+                        check(numel == 0 or (t.double() - exact).abs().max().item() <= tol,
+                              f"all_reduce {op} {mode} {dtype}: far from the exact result")
+                    else:
+                        theirs = mine.clone()
+                        ref.all_reduce(theirs, op=op)
+                        check(same(t, theirs), f"all_reduce {op} {mode} {dtype} {numel} differs from gloo's")
+                    o1, o2 = empty(numel, dtype=dtype), empty(numel, dtype=dtype)
+                    big = data(seed, rank, case + 1000, world * numel, dtype)
+                    comm.reduce_scatter_single(o1, big, op=op)
+                    ref.reduce_scatter_single(o2, big, op=op)
+                    check(same(o1, o2) or hier, f"reduce_scatter {op} {mode} {dtype} {numel} differs from gloo's")
+                    passed += 2
+    # Integer-valued data: exact in any order, so every plan must equal torch's own all_reduce.
+    for op in (pz.ReduceOp.SUM, pz.ReduceOp.MAX):
+        case += 1
+        mine = data(seed, rank, case, 30_011, torch.bfloat16, integer=True)
+        for comm in fab.values():
+            ours, theirs = mine.clone(), mine.clone()
+            comm.all_reduce(ours, op=op)
+            dist.all_reduce(theirs, op=op.native())
+            check(same(ours, theirs), f"integer all_reduce {op} differs from torch.distributed (gloo)")
+            passed += 1
+    for comm in fab.values():
+        comm.close()
+    return passed, fab["never"].backend if "never" in fab else ""
+
+
+def staged_edges(rank, world, seed):
+    """The staging ring at its edges (run with PZ_FABRIC_STAGE=1 and a 64 KiB
+    chunk): empty, one byte, a chunk exactly, a chunk plus and minus one, many
+    chunks, odd sizes; raw and coded; batches of several tensors per peer."""
+    chunk = int(os.environ["PZ_FABRIC_CHUNK"])
+    comms = {m: pz.Communicator(compress=m, transport="fabric", timeout=60) for m in ("always", "never")}
+    sizes = [0, 1, 3, chunk - 1, chunk, chunk + 1, 2 * chunk, 7 * chunk + 5, 1_000_003]
+    passed = 0
+    for mode, comm in comms.items():
+        for i, nbytes in enumerate(sizes):
+            for dtype in (torch.uint8, torch.bfloat16, torch.float8_e5m2):
+                numel = max(nbytes // torch.empty(0, dtype=dtype).element_size(), 0)
+                case = 100 * i + DTYPES.index(dtype) if dtype in DTYPES else 100 * i + 50
+                # Every rank sends a different tensor to every peer, several per peer.
+                works, want = [], []
+                for p in range(world):
+                    if p == rank:
+                        continue
+                    for k in range(2):
+                        works.append(comm.isend(data(seed, rank, case * 16 + p * 4 + k, numel + k, dtype), p))
+                    for k in range(2):
+                        got = empty(numel + k, dtype=dtype)
+                        works.append(comm.irecv(got, p))
+                        want.append((got, data(seed, p, case * 16 + rank * 4 + k, numel + k, dtype)))
+                for w in works:
+                    w.wait()
+                for got, exp in want:
+                    check(same(got, exp), f"staged {mode} {dtype} {nbytes}: wrong bytes")
+                    passed += 1
+    info = comms["never"].tp.info
+    for c in comms.values():
+        c.close()
+    return passed, info
+
+
+def killed_mid_transfer(rank, world, timeout):
+    """The last rank SIGKILLs itself while a large transfer to it is under way;
+    every survivor's op raises PeerError within the timeout."""
+    comm = pz.Communicator(compress="never", transport="fabric", timeout=timeout)
+    dist.barrier()
+    victim = world - 1
+    big = 64 << 20
+    if rank == victim:
+        buf = torch.empty(big, dtype=torch.uint8)
+        comm.irecv(buf, 0)
+        comm._flush()
+        time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGKILL)
+    t0 = time.monotonic()
+    try:
+        if rank == 0:
+            comm.send(torch.ones(big, dtype=torch.uint8), victim)
+        comm.all_reduce(torch.ones(1 << 16, dtype=torch.float32))
+    except pz.PeerError as e:
+        return time.monotonic() - t0, type(e).__name__, str(e)
+    raise AssertionError("an op with a killed peer returned")
+
+
+def construct_error(rank, world):
+    """Constructing a fabric Communicator under a bad setting (set in env by the test)."""
+    t0 = time.monotonic()
+    try:
+        pz.Communicator(transport="fabric", timeout=10)
+    except Exception as e:  # noqa: BLE001 - the test checks the type and the message
+        return time.monotonic() - t0, type(e).__name__, str(e)
+    return time.monotonic() - t0, "none", ""
+
+
+def settings_mismatch(rank, world):
+    os.environ["PZ_FABRIC_RAILS"] = str(1 + rank)
+    return construct_error(rank, world)
+
+
+def domain_errors(rank, world):
+    """Bad domains= arguments raise the same clear error on every rank."""
+    out = []
+    for bad in ([[0]], [[0, 1], [1]], [[0, 5]], "vendor", [[]]):
+        try:
+            pz.Communicator(transport="fabric", domains=bad, timeout=10)
+            out.append("accepted")
+        except (TypeError, ValueError) as e:
+            out.append(str(e))
+    return out
