@@ -14,7 +14,11 @@ REDUCIBLE = [torch.bfloat16, torch.float16, torch.float32]
 
 
 def device():
-    """cuda:rank on NCCL groups, cpu on gloo."""
+    """cuda:rank on NCCL groups, cpu on gloo; PZ_TEST_DEVICES ("cuda,cpu,...",
+    one per rank) puts ranks of a gloo job on GPUs (mixed-cluster tests)."""
+    spec = os.environ.get("PZ_TEST_DEVICES")
+    if spec:
+        return torch.device("cuda", 0) if spec.split(",")[dist.get_rank()] == "cuda" else torch.device("cpu")
     return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
 
 

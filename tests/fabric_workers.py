@@ -5,21 +5,23 @@ import os
 import signal
 import time
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
 import portable_zip as pz
-from comm_workers import DTYPES, REDUCIBLE, check, data, empty
+from comm_workers import DTYPES, REDUCIBLE, check, data, device, empty
 from conftest import same_bits as same
 
 
-def fabric_battery(rank, world, seed, sizes, domains=None, modes=("always", "never", "auto")):
+def fabric_battery(rank, world, seed, sizes, domains=None, modes=("always", "never", "auto"), transport="fabric"):
     """Every op and dtype over the fabric (domains=None: every pair; else mixed
     domains, native gloo inside), checked against what gloo computes on the
     same job: moving ops byte for byte; reductions against a gloo
     Communicator running the same algorithm (flat), or, across domains,
     against torch's all_reduce on integer-valued data, and equal on every rank."""
-    fab = {m: pz.Communicator(compress=m, transport="fabric", timeout=60, domains=domains) for m in modes}
+    fab = {m: pz.Communicator(compress=m, transport=transport, timeout=60, domains=domains, device=device())
+           for m in modes}
     ref = pz.Communicator(compress="never", transport="torch", timeout=60)
     hier = domains is not None and len({len(d) for d in domains}) == 1 and len(domains[0]) > 1
     passed, case = 0, 0
@@ -56,38 +58,48 @@ def fabric_battery(rank, world, seed, sizes, domains=None, modes=("always", "nev
                     t = mine.clone()
                     comm.all_reduce(t, op=op)
                     if hier:
-                        everyone = empty(world * numel, dtype=dtype)
-                        dist.all_gather_into_tensor(everyone, t)
+                        everyone = torch.empty(world * numel, dtype=dtype)
+                        dist.all_gather_into_tensor(everyone, t.cpu())
                         check(all(same(c, t) for c in everyone.chunk(world)), f"all_reduce {op} {mode}: ranks differ")
                         exact = torch.stack([data(seed, r, case, numel, dtype).double() for r in range(world)])
                         exact = {pz.ReduceOp.SUM: exact.sum(0), pz.ReduceOp.AVG: exact.mean(0),
                                  pz.ReduceOp.MIN: exact.min(0).values, pz.ReduceOp.MAX: exact.max(0).values}[op]
                         tol = 0 if op in (pz.ReduceOp.MIN, pz.ReduceOp.MAX) else 0.02 * world
-                        check(numel == 0 or (t.double() - exact).abs().max().item() <= tol,
+                        check(numel == 0 or (t.cpu().double() - exact.cpu()).abs().max().item() <= tol,
                               f"all_reduce {op} {mode} {dtype}: far from the exact result")
                     else:
-                        theirs = mine.clone()
+                        theirs = mine.to("cpu", copy=True)  # gloo's side of the job moves CPU tensors
                         ref.all_reduce(theirs, op=op)
-                        check(same(t, theirs), f"all_reduce {op} {mode} {dtype} {numel} differs from gloo's")
+                        check(same(t.cpu(), theirs), f"all_reduce {op} {mode} {dtype} {numel} differs from gloo's")
                     o1, o2 = empty(numel, dtype=dtype), empty(numel, dtype=dtype)
                     big = data(seed, rank, case + 1000, world * numel, dtype)
                     comm.reduce_scatter_single(o1, big, op=op)
-                    ref.reduce_scatter_single(o2, big, op=op)
-                    check(same(o1, o2) or hier, f"reduce_scatter {op} {mode} {dtype} {numel} differs from gloo's")
+                    o2 = o2.cpu()
+                    ref.reduce_scatter_single(o2, big.cpu(), op=op)
+                    check(same(o1.cpu(), o2) or hier, f"reduce_scatter {op} {mode} {dtype} {numel} differs from gloo's")
                     passed += 2
     # Integer-valued data: exact in any order, so every plan must equal torch's own all_reduce.
     for op in (pz.ReduceOp.SUM, pz.ReduceOp.MAX):
         case += 1
         mine = data(seed, rank, case, 30_011, torch.bfloat16, integer=True)
         for comm in fab.values():
-            ours, theirs = mine.clone(), mine.clone()
+            ours, theirs = mine.clone(), mine.to("cpu", copy=True)
             comm.all_reduce(ours, op=op)
             dist.all_reduce(theirs, op=op.native())
-            check(same(ours, theirs), f"integer all_reduce {op} differs from torch.distributed (gloo)")
+            check(same(ours.cpu(), theirs), f"integer all_reduce {op} differs from torch.distributed (gloo)")
             passed += 1
     for comm in fab.values():
         comm.close()
     return passed, fab["never"].backend if "never" in fab else ""
+
+
+def bits(seed, rank, case, numel, dtype):
+    """Random bit patterns (NaN payloads, every fp8 code) that any rank can rebuild."""
+    rng = np.random.default_rng([seed, rank, case])
+    n = numel * torch.empty(0, dtype=dtype).element_size()
+    if n == 0:  # numpy's empty arrays carry stride 0, which view() rejects
+        return torch.empty(0, dtype=dtype, device=device())
+    return torch.from_numpy(rng.integers(0, 256, n, dtype=np.uint8)).view(dtype).to(device())
 
 
 def staged_edges(rank, world, seed):
@@ -95,7 +107,8 @@ def staged_edges(rank, world, seed):
     chunk): empty, one byte, a chunk exactly, a chunk plus and minus one, many
     chunks, odd sizes; raw and coded; batches of several tensors per peer."""
     chunk = int(os.environ["PZ_FABRIC_CHUNK"])
-    comms = {m: pz.Communicator(compress=m, transport="fabric", timeout=60) for m in ("always", "never")}
+    comms = {m: pz.Communicator(compress=m, transport="fabric", timeout=60, device=device())
+             for m in ("always", "never")}
     sizes = [0, 1, 3, chunk - 1, chunk, chunk + 1, 2 * chunk, 7 * chunk + 5, 1_000_003]
     passed = 0
     for mode, comm in comms.items():
@@ -109,11 +122,11 @@ def staged_edges(rank, world, seed):
                     if p == rank:
                         continue
                     for k in range(2):
-                        works.append(comm.isend(data(seed, rank, case * 16 + p * 4 + k, numel + k, dtype), p))
+                        works.append(comm.isend(bits(seed, rank, case * 16 + p * 4 + k, numel + k, dtype), p))
                     for k in range(2):
                         got = empty(numel + k, dtype=dtype)
                         works.append(comm.irecv(got, p))
-                        want.append((got, data(seed, p, case * 16 + rank * 4 + k, numel + k, dtype)))
+                        want.append((got, bits(seed, p, case * 16 + rank * 4 + k, numel + k, dtype)))
                 for w in works:
                     w.wait()
                 for got, exp in want:
