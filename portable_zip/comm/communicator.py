@@ -21,7 +21,7 @@ from . import collectives as coll
 from .collectives import ReduceOp
 from . import wire
 from .errors import MismatchError, PeerError, PeerTimeout
-from .policy import CODED, Policy
+from .policy import CODED, TORCH_COSTS, Policy
 from . import domains as dom
 from . import fabric
 from .transport import TorchDistTransport, movable
@@ -81,7 +81,13 @@ class Communicator:
     PeerTimeout, never as a hang.
 
     compress: "auto" (the cost model decides per op), "always", or "never".
-    transport: "auto" or "torch" (torch.distributed p2p: NCCL, RCCL or gloo).
+    transport: "torch" (torch.distributed p2p: NCCL, RCCL or gloo), "fabric"
+        (the libfabric engine between every pair, or between domains), or "auto"
+        (torch when every rank has the same device kind, else domains by kind).
+    domains: None (detected), "host", or a list of rank lists: native inside a
+        domain, fabric between (docs/TRANSPORT.md).
+    device: the tensors this rank moves ("cuda", "cpu"); default: the group
+        backend's (nccl: the current GPU, else the CPU).
     timeout: seconds before a silent peer raises PeerTimeout (PZ_TIMEOUT, default 300).
     link_gbps, latency_us, codec_gbps, margin: policy overrides (also PZ_* env vars).
     """
@@ -117,7 +123,9 @@ class Communicator:
         self._cuda = self.device.type == "cuda"
         self._open_transport(transport, domains)
         self.policy = Policy(link_gbps, latency_us, codec_gbps, margin)
+        self.policy.costs = getattr(self.tp, "costs", TORCH_COSTS)  # the fabric engine's sized exchange: fewer rounds
         self.policy = Policy(link_gbps, latency_us, codec_gbps, margin)
+        self.policy.costs = getattr(self.tp, "costs", TORCH_COSTS)  # the fabric engine's sized exchange: fewer rounds
         self._stats = {op: {"calls": 0, "raw_bytes": 0, "wire_bytes": 0, "time_s": 0.0,
                             "plans": defaultdict(int)} for op in _OPS}
         dev = self.device

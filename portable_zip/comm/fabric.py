@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from .. import _C
 from .errors import MismatchError, PeerError, PeerTimeout
+from .policy import FABRIC_COSTS
 from .transport import Op, as_bytes
 
 SEND, RECV, SEND_SIZED, RECV_SIZED = 0, 1, 2, 3
@@ -64,6 +65,7 @@ class FabricTransport:
         self.info = self.engine.info()
         self.name = f"libfabric/{self.info['provider']}"
         self.backend = "fabric"
+        self.costs = FABRIC_COSTS
         self._timeout = timeout
         self._stream = (lambda: torch.cuda.current_stream(device).cuda_stream) if device.type == "cuda" else (lambda: 0)
 

@@ -38,6 +38,24 @@ _NATIVE_MEASURED = ("send", "all_gather", "all_reduce")
 HOST_EXCHANGE_S, HOST_WAVE_S = 200e-6, 100e-6
 
 
+@dataclass(frozen=True)
+class TransportCosts:
+    """What a compressed exchange costs beyond its bytes, per transport:
+    latency rounds (p2p, a collective's first phase, all_reduce's second) and
+    host time per exchange and per wave."""
+    p2p_rounds: int = 3         # torch: control, fixed parts, tails
+    coll_rounds: int = 3        # torch: spec, fixed parts, tails
+    second_phase_rounds: int = 2
+    host_exchange_s: float = HOST_EXCHANGE_S
+    host_wave_s: float = HOST_WAVE_S
+
+
+TORCH_COSTS = TransportCosts()
+# The fabric engine sends each coded piece as one sized message: control (or
+# spec) then one round. Host figures: torch's, until measured on a real NIC.
+FABRIC_COSTS = TransportCosts(p2p_rounds=2, coll_rounds=2, second_phase_rounds=1)
+
+
 @dataclass
 class Calibration:
     alpha: float                      # seconds per message round (p2p)
@@ -70,6 +88,7 @@ class Policy:
         m = margin if margin is not None else _env_float("PZ_POLICY_MARGIN")
         self.margin = 0.05 if m is None else m
         self.ratio = dict(PRIOR_RATIO)
+        self.costs = TORCH_COSTS  # the Communicator sets its transport's
         self.cal: Optional[Calibration] = None
         self._decided: Dict[tuple, str] = {}
 
@@ -134,7 +153,7 @@ class Policy:
         """A hash of everything a decision for dtype reads: equal on every
         rank when the agreement rule holds (PZ_CHECK_PLANS compares it)."""
         c = self.cal
-        facts = (self.margin, self.ratio.get(dtype), None if c is None else
+        facts = (self.margin, self.ratio.get(dtype), self.costs, None if c is None else
                  (c.alpha, c.beta, c.compress.get(dtype), c.decompress.get(dtype), sorted(c.native.items())))
         return zlib.crc32(repr(facts).encode())
 
@@ -214,8 +233,8 @@ class Policy:
         # Latency rounds of the compressed plans: p2p swaps control messages,
         # collectives a spec (then derive the control messages); then fixed
         # parts and tails. all_reduce's second phase needs no new spec.
-        p2p_rounds = coll_rounds = 3
-        second_phase_rounds = 2
+        k = self.costs
+        p2p_rounds, coll_rounds, second_phase_rounds = k.p2p_rounds, k.coll_rounds, k.second_phase_rounds
 
         def piped(n, compress, wire, decompress, rounds):
             # Large transfers move as pieces: compress, wire and decompress
@@ -224,7 +243,7 @@ class Policy:
             # host's work per exchange and per wave (launches, header reads).
             piece = max(piece_bytes(int(n)), 1)
             stages = (compress, wire, decompress)
-            host = HOST_EXCHANGE_S + HOST_WAVE_S * max(1, -(-n // piece))
+            host = k.host_exchange_s + k.host_wave_s * max(1, -(-n // piece))
             return max(stages) + piece / max(n, 1) * (sum(stages) - max(stages)) + rounds * a + host
 
         if op in ("send", "recv"):
