@@ -73,3 +73,16 @@ def test_running_ratio_is_order_independent():
     b.observe(list(reversed(streams)))
     assert a.ratio == b.ratio
     assert a.ratio[BF16] == pytest.approx(0.5 * 0.67 + 0.5 * (5400 / 8000))
+
+
+def test_pair_decisions_use_both_ends_codecs():
+    """Mixed clusters: a GPU pair compresses over a 3.5 GB/s fabric, a pair
+    with a CPU rank (0.4 GB/s codec) does not, and both ends decide alike."""
+    gpu, cpu = ({BF16: 1e-9 / 800}, {BF16: 1e-9 / 1000}), ({BF16: 1e-9 / 0.4}, {BF16: 1e-9 / 0.45})
+    p = policy(link_gbps=3.5, codec_gbps=0.4)
+    p.cal.per_rank = [gpu, gpu, cpu, cpu]
+    n = 64 << 20
+    assert p.pair_pays(BF16, n, 0, 1) and p.pair_pays(BF16, n, 1, 0)
+    for i, j in ((0, 2), (2, 0), (1, 3), (2, 3)):
+        assert not p.pair_pays(BF16, n, i, j)
+    assert not p.pair_pays(torch.int32, n, 0, 1) and not p.pair_pays(BF16, 0, 0, 1)

@@ -202,18 +202,28 @@ class Communicator:
     def _observe(self, streams) -> None:
         """Learn the ratio only where every rank sees every stream once: in a
         mixed cluster each rank sees only its cross-domain peers' streams."""
-        if self._torch or all(len(d) == 1 for d in self.domains):
+        if not self._mixed():
             self.policy.observe(streams)
 
     def _cross(self, peer: int) -> bool:
         return self._domain_of[peer] != self._domain_of[self.rank]
 
-    def _coded(self, plan: str):
+    def _cross_pair(self, i: int, j: int) -> bool:
+        return self._domain_of[i] != self._domain_of[j]
+
+    def _mixed(self) -> bool:
+        return not self._torch and any(len(d) > 1 for d in self.domains)
+
+    def _coded(self, plan: str, dtype: torch.dtype, nbytes: int):
         """What collectives take as `coded`: a bool, or per peer in mixed
-        clusters (only the hops between domains are compressed)."""
-        if plan != "compressed" or self._torch or all(len(d) == 1 for d in self.domains):
+        clusters: only hops between domains, and under auto only pairs whose
+        two codecs beat the link (a CPU rank's may not)."""
+        if plan != "compressed" or not self._mixed():
             return plan == "compressed"
-        return self._cross
+        if self.compress == "always":
+            return self._cross
+        per = max(nbytes // self.world, 1)
+        return lambda p: self._cross(p) and self.policy.pair_pays(dtype, per, self.rank, p)
 
     def _handshake(self) -> None:
         """Agree at construction on everything later plans read besides the
@@ -313,6 +323,10 @@ class Communicator:
             return "native" if self.compress == "auto" and self._torch else "raw"
         if self.compress == "always":
             return "compressed"
+        if self._mixed():  # compressed when some cross-domain pair gains; _coded picks the pairs
+            per = max(nbytes // self.world, 1)
+            return "compressed" if any(self.policy.pair_pays(dtype, per, i, j) for i in range(self.world)
+                                       for j in range(i) if self._cross_pair(i, j)) else "raw"
         plan = self.policy.choose(op, dtype, nbytes, self.world)
         # Native means torch.distributed's own op: only a one-domain group has it.
         return plan if self._torch or plan != "native" else "raw"
@@ -470,13 +484,20 @@ class Communicator:
         self._pending.append((kind, t, peer, fut))
         return Work(fut, self._flush)
 
-    def _pair_plan(self, ts: list) -> str:
+    def _pair_plan(self, ts: list, peer: int) -> str:
         """The plan of one peer pair in a group, from what both sides hold
         alike: the pair's tensors in both directions (one side's sends are the
-        other's receives), as bytes per dtype."""
+        other's receives), as bytes per dtype; in a mixed cluster, from the
+        pair's own codecs too."""
         total = defaultdict(int)
         for t in ts:
             total[t.dtype] += t.nbytes
+        if self._mixed():
+            if not self._cross(peer) or self.compress == "never":
+                return "raw"
+            pays = self.compress == "always" or any(self.policy.pair_pays(dtype, n, self.rank, peer)
+                                                     for dtype, n in total.items())
+            return "compressed" if pays else "raw"
         plans = {self._plan("send", dtype, n) for dtype, n in total.items()} or {"native"}
         if plans == {"native"}:
             return "native"
@@ -497,7 +518,7 @@ class Communicator:
             try:
                 t0 = time.perf_counter()
                 peers = sorted(set(sends) | set(recvs))
-                pairs = {p: self._pair_plan(sends.get(p, []) + recvs.get(p, [])) for p in peers}
+                pairs = {p: self._pair_plan(sends.get(p, []) + recvs.get(p, []), p) for p in peers}
                 if self._check_plans:
                     self._check_pairs(pairs, sends, recvs)
                 if set(pairs.values()) == {"native"}:
@@ -606,7 +627,7 @@ class Communicator:
                 self._agree("broadcast", plan, t.dtype, [t.numel(), src])
             if plan == "native":
                 return self._native_done("broadcast", t0, native(), sent)
-            res = coll.broadcast(self.tp, t, src, self._coded(plan), self.timeout)
+            res = coll.broadcast(self.tp, t, src, self._coded(plan, t.dtype, t.nbytes), self.timeout)
             # Every rank sees each piece's stream once: the source its own, the others the received ones.
             self._observe(res.streams)
             self._record("broadcast", plan, t0, res.raw_bytes, res.wire_bytes)
@@ -635,7 +656,7 @@ class Communicator:
                 self._agree("all_gather", plan, inp.dtype, [inp.numel()])
             if plan == "native":
                 return self._native_done("all_gather", t0, native(), sent)
-            res = coll.all_gather(self.tp, out, inp, self._coded(plan), self.timeout)
+            res = coll.all_gather(self.tp, out, inp, self._coded(plan, inp.dtype, inp.nbytes), self.timeout)
             self._observe(res.streams)  # every rank's stream, once each, on every rank
             self._record("all_gather", plan, t0, res.raw_bytes, res.wire_bytes)
         return self._submit(run, async_op)
@@ -660,7 +681,7 @@ class Communicator:
                 w = coll.reduce_scatter_native(out, inp, op=op.native(), group=self.group, async_op=True)
                 # gloo's reduce_scatter ignores wait(timeout): wait on a helper thread.
                 return self._native_done("reduce_scatter", t0, w, out.nbytes * (self.world - 1), detached=True)
-            res = coll.reduce_scatter(self.tp, out, inp, op, self._coded(plan), self.timeout)
+            res = coll.reduce_scatter(self.tp, out, inp, op, self._coded(plan, inp.dtype, inp.nbytes), self.timeout)
             self._record("reduce_scatter", plan, t0, res.raw_bytes, res.wire_bytes)
         return self._submit(run, async_op)
 
@@ -684,9 +705,10 @@ class Communicator:
             if plan == "native":
                 return self._native_done("all_reduce", t0, native(), sent)
             if self._hier:
-                rs, ag = coll.hier_all_reduce(self.tp, t, op, self._coded(plan), self.timeout, self.domains)
+                rs, ag = coll.hier_all_reduce(self.tp, t, op, self._coded(plan, t.dtype, t.nbytes), self.timeout,
+                                              self.domains)
             else:
-                rs, ag = coll.all_reduce(self.tp, t, op, self._coded(plan), self.timeout)
+                rs, ag = coll.all_reduce(self.tp, t, op, self._coded(plan, t.dtype, t.nbytes), self.timeout)
             self._observe(ag.streams)  # the all-gather phase: every shard's stream on every rank
             self._record("all_reduce", plan, t0, rs.raw_bytes + ag.raw_bytes, rs.wire_bytes + ag.wire_bytes)
         return self._submit(run, async_op)
@@ -722,7 +744,8 @@ class Communicator:
                                            group=self.group, async_op=True)
                 sent = inp.nbytes - in_splits[self.rank] * (inp.nbytes // max(inp.shape[0], 1))
                 return self._native_done("all_to_all", t0, w, sent)
-            res = coll.all_to_all(self.tp, out, inp, out_splits, in_splits, self._coded(plan), self.timeout)
+            res = coll.all_to_all(self.tp, out, inp, out_splits, in_splits, self._coded(plan, inp.dtype, inp.nbytes),
+                                  self.timeout)
             self._record("all_to_all", plan, t0, res.raw_bytes, res.wire_bytes)
         return self._submit(run, async_op)
 

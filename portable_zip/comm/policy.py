@@ -16,7 +16,7 @@ import time
 import weakref
 import zlib
 from dataclasses import dataclass, field
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -66,6 +66,9 @@ class Calibration:
     # Native collectives measured as they run (NCCL's rings and channels can
     # beat what p2p suggests): (alpha, beta) per input byte.
     native: Dict[str, tuple] = field(default_factory=dict)
+    # Every rank's own (compress, decompress) seconds per byte per dtype, for
+    # per-pair decisions in mixed clusters (a GPU pair and a GPU-CPU pair differ).
+    per_rank: List[tuple] = field(default_factory=list)
 
     def describe(self) -> str:
         bf = torch.bfloat16
@@ -139,13 +142,15 @@ class Policy:
         # Agree on the slowest rank's figures so every rank decides alike.
         vec = ([alpha, beta] + [comp[d] for d in CODED] + [decomp[d] for d in CODED]
                + [v for op in _NATIVE_MEASURED for v in native[op]] + [self.margin])
-        v = [max(col) for col in zip(*swap(vec))]
+        rows = swap(vec)
+        v = [max(col) for col in zip(*rows)]
         self.margin = v[-1]
         n = len(CODED)
         source = "overridden" if (self.link_gbps and self.codec_gbps) else "measured"
         at = 2 + 2 * n
         self.cal = Calibration(v[0], v[1], dict(zip(CODED, v[2:2 + n])), dict(zip(CODED, v[2 + n:at])), source,
-                               {op: tuple(v[at + 2 * i: at + 2 * i + 2]) for i, op in enumerate(_NATIVE_MEASURED)})
+                               {op: tuple(v[at + 2 * i: at + 2 * i + 2]) for i, op in enumerate(_NATIVE_MEASURED)},
+                               [(dict(zip(CODED, r[2:2 + n])), dict(zip(CODED, r[2 + n:at]))) for r in rows])
         _CACHE.setdefault(cache_group, {})[key] = (self.cal, self.margin)
         return self.cal
 
@@ -154,7 +159,8 @@ class Policy:
         rank when the agreement rule holds (PZ_CHECK_PLANS compares it)."""
         c = self.cal
         facts = (self.margin, self.ratio.get(dtype), self.costs, None if c is None else
-                 (c.alpha, c.beta, c.compress.get(dtype), c.decompress.get(dtype), sorted(c.native.items())))
+                 (c.alpha, c.beta, c.compress.get(dtype), c.decompress.get(dtype), sorted(c.native.items()),
+                  [(cr.get(dtype), dr.get(dtype)) for cr, dr in c.per_rank]))
         return zlib.crc32(repr(facts).encode())
 
     @staticmethod
@@ -267,6 +273,23 @@ class Policy:
             return na + nbytes * nb, one_phase_coded + piped(s, s * cc, w1 * s * r * b, w1 * s * cd,
                                                              second_phase_rounds)
         raise ValueError(f"unknown op {op}")
+
+    def pair_pays(self, dtype: torch.dtype, nbytes: int, i: int, j: int) -> bool:
+        """Whether compressing nbytes between ranks i and j beats sending them
+        raw on the agreed link, with the slower end's codec at each stage.
+        Symmetric in (i, j) and read from agreed figures, so both ends agree."""
+        c = self.cal
+        if dtype not in CODED or nbytes == 0 or c is None or not c.per_rank:
+            return False
+        (ci, di), (cj, dj) = c.per_rank[i], c.per_rank[j]
+        cc, cd = max(ci[dtype], cj[dtype]), max(di[dtype], dj[dtype])
+        r = self.ratio.get(dtype, 1.0)
+        raw = c.alpha + nbytes * c.beta
+        piece = max(piece_bytes(int(nbytes)), 1)
+        stages = (nbytes * cc, r * nbytes * c.beta, nbytes * cd)
+        coded = (max(stages) + piece / nbytes * (sum(stages) - max(stages)) + self.costs.p2p_rounds * c.alpha
+                 + self.costs.host_exchange_s)
+        return coded < raw * (1 - self.margin)
 
     def choose(self, op: str, dtype: torch.dtype, nbytes: int, world: int) -> str:
         key = (op, dtype, nbytes, world, id(self.cal), self.ratio.get(dtype), self.margin)
