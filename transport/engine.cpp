@@ -300,12 +300,13 @@ uint64_t Engine::post(const std::vector<Op>& ops, void* user_stream) {
         x->total = op.len;
         x->nchunks = static_cast<uint32_t>((op.len + cfg_.chunk - 1) / cfg_.chunk);
       }
-      device |= op.device && x->send();
+      device |= op.device;
       xs.push_back(x);
     }
     b.left = static_cast<int>(xs.size());
 #if defined(PZ_WITH_GPU)
-    // Staging copies run on our stream, after the caller's queued work (the compress that fills a send).
+    // Staging copies run on our stream, after the caller's queued work: the
+    // compress that fills a send, and any kernel still reading a receive buffer.
     if (device && gpu_stream_after(copy_stream_, user_stream, order_event_)) {
       for (auto* x : xs) delete x;
       batches_.erase(id);
