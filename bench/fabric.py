@@ -338,30 +338,37 @@ def run(world, fn, *args, env=None, backend="gloo", deadline=240.0):
     return [res[r][1] for r in range(world)], None
 
 
-def p2p(a, sizes, fabric_env) -> dict:
+def p2p(a, sizes, fabric_env, save) -> dict:
+    """The one-way runs, each a run_ranks call, the comparisons that matter
+    most first; save(out) after each, so a run cut short by a time limit
+    still leaves what it measured."""
     on_cuda = a.ranks_on == "cuda"
-    out = {"socket": [], "runs": {}}
     rails = [int(r) for r in a.rails.split(",")]
-    print(f"socket: {len(rails)} stream counts", file=sys.stderr)
-    vals, err = run(2, socket_worker, sizes, rails, a.quick)
-    out["socket"] = vals[0] if vals else err
-    for how in ["never", "always", "auto"]:
-        for r in (rails if how == "never" else a.compressed_rails):
-            name = f"fabric_{how}_r{r}"
-            print(f"{name}", file=sys.stderr)
-            vals, err = run(2, p2p_worker, f"fabric:{how}", sizes, on_cuda, a.quick,
-                            env={**fabric_env, "PZ_FABRIC_RAILS": str(r)}, deadline=240)
+    out = {"socket": [], "runs": {}}
+
+    def record(name, fn, *args, **kw):
+        print(name, file=sys.stderr)
+        vals, err = run(2, fn, *args, **kw)
+        if name == "socket":
+            out["socket"] = vals[0] if vals else err
+        else:
             out["runs"][name] = _merge_p2p(vals) if vals else err
-    print("gloo", file=sys.stderr)
-    vals, err = run(2, p2p_worker, "gloo", sizes, on_cuda, a.quick)
-    out["runs"]["gloo"] = _merge_p2p(vals) if vals else err
+        out["table"] = _p2p_table(out, sizes, sorted(set(rails) | set(a.compressed_rails)))
+        save(out)
+
+    record("socket", socket_worker, sizes, rails, a.quick)
+    for r in rails:
+        record(f"fabric_never_r{r}", p2p_worker, "fabric:never", sizes, on_cuda, a.quick,
+               env={**fabric_env, "PZ_FABRIC_RAILS": str(r)})
+    record("gloo", p2p_worker, "gloo", sizes, on_cuda, a.quick)
     if on_cuda and torch.cuda.device_count() >= 2:
-        print("nccl_socket", file=sys.stderr)
-        vals, err = run(2, p2p_worker, "nccl", sizes, True, a.quick, env=NCCL_SOCKET, backend="nccl", deadline=240)
-        out["runs"]["nccl_socket"] = _merge_p2p(vals) if vals else err
+        record("nccl_socket", p2p_worker, "nccl", sizes, True, a.quick, env=NCCL_SOCKET, backend="nccl")
     else:
         out["runs"]["nccl_socket"] = "skipped: needs 2 GPUs" if on_cuda else "skipped: CPU ranks"
-    out["table"] = _p2p_table(out, sizes, rails)
+    for how in ("always", "auto"):
+        for r in a.compressed_rails:
+            record(f"fabric_{how}_r{r}", p2p_worker, f"fabric:{how}", sizes, on_cuda, a.quick,
+                   env={**fabric_env, "PZ_FABRIC_RAILS": str(r)})
     return out
 
 
@@ -500,7 +507,7 @@ def main():
             json.dump(doc, f, indent=1, default=str)
 
     if a.p2p:
-        doc["p2p"] = p2p(a, sizes, fabric_env)
+        doc["p2p"] = p2p(a, sizes, fabric_env, lambda part: (doc.update(p2p=part), save()))
         run0 = next((v for k, v in doc["p2p"]["runs"].items() if k.startswith("fabric") and isinstance(v, dict)), None)
         if run0:
             doc["machine"]["libfabric"] = run0["info"].get("version")
