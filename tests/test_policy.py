@@ -86,3 +86,17 @@ def test_pair_decisions_use_both_ends_codecs():
     for i, j in ((0, 2), (2, 0), (1, 3), (2, 3)):
         assert not p.pair_pays(BF16, n, i, j)
     assert not p.pair_pays(torch.int32, n, 0, 1) and not p.pair_pays(BF16, 0, 0, 1)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_two_chunk_sum_shortcut_is_the_fp32_rule(dtype):
+    """reduce_local's a + b shortcut must give the bytes of fp32 accumulation with one rounding."""
+    from portable_zip.comm.collectives import ReduceOp, reduce_local
+
+    g = torch.Generator().manual_seed(int(torch.randint(0, 2**31, (1,))))
+    a, b = [(torch.randn(1_000_003, generator=g) * s).to(dtype) for s in (0.02, 3.0)]
+    bits = torch.cat([torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(dtype)] * 2)
+    for x, y in ((a, b), (bits, bits.flip(0))):  # every bit pattern, NaN and inf included
+        want = (x.float() + y.float()).to(dtype)
+        got = reduce_local([x, y], ReduceOp.SUM)
+        assert torch.equal(got.view(torch.int16), want.view(torch.int16))
