@@ -80,7 +80,7 @@ struct Pair {
   std::vector<int> free_slots[2];
   uint8_t* slab = nullptr;
   bool pinned = false;
-  fid_mr* mr = nullptr;
+  std::vector<fid_mr*> mrs;  // the ring's registration in each rail's domain (FI_MR_LOCAL providers)
   std::vector<void*> events;
   std::vector<Chunk*> retry;  // posts the provider refused with FI_EAGAIN
 };
@@ -126,14 +126,14 @@ void Engine::open_provider() {
     if (FI_MINOR(v) >= 18) order.push_back("tcp");  // xnet: RDM natively
     order.push_back("tcp;ofi_rxm");
   }
-  auto query = [&](const std::string& prov, bool hmem, fi_info** out) {
+  auto query = [&](const std::string& prov, bool hmem, fi_info** out, fi_threading threading) {
     fi_info* hints = L.dupinfo(nullptr);
     hints->ep_attr->type = FI_EP_RDM;
     hints->caps = FI_TAGGED | FI_MSG | (hmem ? FI_HMEM : 0);
     hints->mode = FI_CONTEXT | FI_CONTEXT2;
     hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY |
                                   (hmem ? FI_MR_HMEM : 0);
-    hints->domain_attr->threading = FI_THREAD_DOMAIN;  // one thread (ours) drives everything
+    hints->domain_attr->threading = threading;
     hints->fabric_attr->prov_name = strdup(prov.c_str());
     const int rc = L.getinfo(api, nullptr, nullptr, 0, hints, out);
     L.freeinfo(hints);
@@ -141,8 +141,12 @@ void Engine::open_provider() {
   };
   std::string tried;
   for (const auto& prov : order) {
+    // FI_THREAD_SAFE: each rail's pump thread reads its completion queue (where
+    // tcp moves the bytes) while the progress thread posts. Else one thread does all.
     fi_info* got = nullptr;
-    const int rc = query(prov, false, &got);
+    int rc = cfg_.rails > 1 ? query(prov, false, &got, FI_THREAD_SAFE) : -FI_ENODATA;
+    threads_safe_ = rc == 0 && got;
+    if (!threads_safe_) rc = query(prov, false, &got, FI_THREAD_DOMAIN);
     if (rc != 0 || !got) {
       tried += "\n  " + prov + ": " + err_text(rc);
       continue;
@@ -150,7 +154,7 @@ void Engine::open_provider() {
     info_ = L.dupinfo(got);  // the first match only
     L.freeinfo(got);
     fi_info* h = nullptr;
-    hmem_ = query(prov, true, &h) == 0 && h;
+    hmem_ = query(prov, true, &h, FI_THREAD_DOMAIN) == 0 && h;
     if (h) L.freeinfo(h);
     try {
       open_endpoints();
@@ -182,16 +186,16 @@ void Engine::open_provider() {
 void Engine::open_endpoints() {
   mr_local_ = info_->domain_attr->mr_mode & FI_MR_LOCAL;
   check(lib().open_fabric(info_->fabric_attr, &fabric_, nullptr), "fi_fabric");
-  check(fi_domain(fabric_, info_, &domain_, nullptr), "fi_domain");
   rails_.assign(cfg_.rails, Rail{});
-  for (auto& r : rails_) {
+  for (auto& r : rails_) {  // a domain per rail: rails share no provider lock or progress
+    check(fi_domain(fabric_, info_, &r.domain, nullptr), "fi_domain");
     fi_cq_attr cq{};
     cq.format = FI_CQ_FORMAT_TAGGED;
-    check(fi_cq_open(domain_, &cq, &r.cq, nullptr), "fi_cq_open");
+    check(fi_cq_open(r.domain, &cq, &r.cq, nullptr), "fi_cq_open");
     fi_av_attr av{};
     av.type = FI_AV_TABLE;
-    check(fi_av_open(domain_, &av, &r.av, nullptr), "fi_av_open");
-    check(fi_endpoint(domain_, info_, &r.ep, nullptr), "fi_endpoint");
+    check(fi_av_open(r.domain, &av, &r.av, nullptr), "fi_av_open");
+    check(fi_endpoint(r.domain, info_, &r.ep, nullptr), "fi_endpoint");
     check(fi_ep_bind(r.ep, &r.av->fid, 0), "binding the address vector");
     check(fi_ep_bind(r.ep, &r.cq->fid, FI_TRANSMIT | FI_RECV), "binding the completion queue");
     check(fi_enable(r.ep), "fi_enable");
@@ -210,12 +214,11 @@ void Engine::close_endpoints() {
     if (r.ep) fi_close(&r.ep->fid);
     if (r.av) fi_close(&r.av->fid);
     if (r.cq) fi_close(&r.cq->fid);
+    if (r.domain) fi_close(&r.domain->fid);
     r = Rail{};
   }
   rails_.clear();
-  if (domain_) fi_close(&domain_->fid);
   if (fabric_) fi_close(&fabric_->fid);
-  domain_ = nullptr;
   fabric_ = nullptr;
   if (info_) lib().freeinfo(info_);
   info_ = nullptr;
@@ -269,7 +272,10 @@ void Engine::connect(const std::vector<std::string>& addrs) {
     std::lock_guard<std::mutex> g(mu_);
     connected_ = true;
   }
-  // From here on only the progress thread calls into libfabric (FI_THREAD_DOMAIN).
+  // From here on only our threads call into libfabric: the progress thread,
+  // and with FI_THREAD_SAFE one pump per rail reading its completion queue.
+  if (threads_safe_)
+    for (int r = 0; r < cfg_.rails; ++r) pumps_.emplace_back([this, r] { pump(r); });
   thread_ = std::thread([this] { run(); });
 }
 
@@ -378,8 +384,13 @@ bool Engine::start_chunk(Xfer* x) {
 #endif
     if (!p.slab) p.slab = static_cast<uint8_t*>(std::aligned_alloc(4096, bytes));
     if (!p.slab) throw std::runtime_error("fabric: out of memory for the staging ring");
-    if (mr_local_) check(fi_mr_reg(domain_, p.slab, bytes, FI_SEND | FI_RECV, 0, 0, 0, &p.mr, nullptr),
-                         "registering the staging ring");
+    if (mr_local_) {
+      for (auto& r : rails_) {
+        fid_mr* mr = nullptr;
+        check(fi_mr_reg(r.domain, p.slab, bytes, FI_SEND | FI_RECV, 0, 0, 0, &mr, nullptr), "registering the ring");
+        p.mrs.push_back(mr);
+      }
+    }
     for (int s = cfg_.depth - 1; s >= 0; --s) p.free_slots[0].push_back(s), p.free_slots[1].push_back(cfg_.depth + s);
   }
   auto* c = new Chunk;
@@ -437,7 +448,7 @@ bool Engine::post_wire(Chunk* c) {
   }
   Rail& r = rails_[c->rail];
   void* buf = x->staged ? slot_ptr(*c->pair, cfg_, c->slot) : x->op.ptr + c->off;
-  void* desc = c->pair->mr ? fi_mr_desc(c->pair->mr) : nullptr;
+  void* desc = c->pair->mrs.empty() ? nullptr : fi_mr_desc(c->pair->mrs[c->rail]);
   const int peer = x->op.peer;
   ssize_t rc;
   if (x->send())
@@ -519,7 +530,52 @@ bool Engine::advance(Pair& p, int dir) {
   return busy;
 }
 
+void Engine::pump(int r) {
+  fid_cq* cq = rails_[r].cq;
+  fi_cq_tagged_entry ev[16];
+  int idle = 0;
+  while (!pump_stop_.load(std::memory_order_relaxed)) {
+    const ssize_t n = fi_cq_read(cq, ev, 16);
+    if (n == -FI_EAGAIN) {
+      if (++idle > cfg_.spin)
+        std::this_thread::sleep_for(std::chrono::microseconds(std::min(500, 10 << std::min(idle - cfg_.spin, 6))));
+      continue;
+    }
+    idle = 0;
+    std::lock_guard<std::mutex> g(cq_mu_);
+    if (n > 0) {
+      for (ssize_t i = 0; i < n; ++i) done_.push_back({static_cast<Chunk*>(ev[i].op_context), ev[i].len, 0, 0});
+    } else if (n == -FI_EAVAIL) {
+      fi_cq_err_entry e{};
+      fi_cq_readerr(cq, &e, 0);
+      done_.push_back({static_cast<Chunk*>(e.op_context), 0, e.err ? e.err : FI_EIO, e.prov_errno});
+    } else {
+      done_.push_back({nullptr, 0, static_cast<int>(-n), 0});
+    }
+    cq_cv_.notify_one();
+  }
+}
+
+[[noreturn]] static void completion_error(Chunk* c, int err, int prov_errno) {
+  std::string who = c ? (c->x->send() ? "sending to rank " : "receiving from rank ") + std::to_string(c->x->op.peer)
+                      : std::string("a transfer");
+  throw std::runtime_error(who + " failed (peer likely dead): " + err_text(err) +
+                           (prov_errno ? ", provider errno " + std::to_string(prov_errno) : ""));
+}
+
 bool Engine::poll_cqs() {
+  if (!pumps_.empty()) {  // the rails' pump threads read the queues: handle what they found
+    std::vector<Done> got;
+    {
+      std::lock_guard<std::mutex> g(cq_mu_);
+      got.swap(done_);
+    }
+    for (const Done& d : got) {
+      if (d.err) completion_error(d.c, d.err, d.prov_errno);
+      on_wire_done(d.c, d.len);
+    }
+    return !got.empty();
+  }
   bool busy = false;
   fi_cq_tagged_entry ev[16];
   for (auto& r : rails_) {
@@ -529,11 +585,7 @@ bool Engine::poll_cqs() {
       if (n == -FI_EAVAIL) {
         fi_cq_err_entry e{};
         fi_cq_readerr(r.cq, &e, 0);
-        auto* c = static_cast<Chunk*>(e.op_context);
-        std::string who = c ? (c->x->send() ? "sending to rank " : "receiving from rank ") + std::to_string(c->x->op.peer)
-                            : std::string("a transfer");
-        throw std::runtime_error(who + " failed (peer likely dead): " + err_text(e.err) +
-                                 (e.prov_errno ? ", provider errno " + std::to_string(e.prov_errno) : ""));
+        completion_error(static_cast<Chunk*>(e.op_context), e.err, e.prov_errno);
       }
       if (n < 0) throw std::runtime_error("fi_cq_read: " + err_text(static_cast<int>(n)));
       for (ssize_t i = 0; i < n; ++i) on_wire_done(static_cast<Chunk*>(ev[i].op_context), ev[i].len);
@@ -615,7 +667,10 @@ void Engine::run() {
       // back off to sleeps of up to 0.5 ms: a thread spinning on a shared core
       // would starve the very ranks it waits for (PZ_FABRIC_SPIN: polls first).
       idle = busy ? 0 : idle + 1;
-      if (idle > cfg_.spin)
+      if (!pumps_.empty() && !busy) {  // wait for a pump's news (staging copies: polled every 50 us)
+        std::unique_lock<std::mutex> lk(cq_mu_);
+        cq_cv_.wait_for(lk, std::chrono::microseconds(copying_.empty() ? 500 : 50), [&] { return !done_.empty(); });
+      } else if (idle > cfg_.spin)
         std::this_thread::sleep_for(std::chrono::microseconds(std::min(500, 10 << std::min(idle - cfg_.spin, 6))));
     } catch (const std::exception& e) {
       fail(e.what());
@@ -637,7 +692,14 @@ void Engine::fail(const std::string& why) {
   done_cv_.notify_all();
 }
 
+void Engine::stop_pumps() {
+  pump_stop_ = true;
+  for (auto& t : pumps_) t.join();
+  pumps_.clear();
+}
+
 void Engine::teardown() {
+  stop_pumps();
   for (auto& r : rails_) {  // no posted operation outlives this: the provider cancels them
     if (r.ep) fi_close(&r.ep->fid);
     r.ep = nullptr;
@@ -653,7 +715,7 @@ void Engine::teardown() {
   copying_.clear();
   for (auto& kv : pairs_) {
     Pair& p = *kv.second;
-    if (p.mr) fi_close(&p.mr->fid);
+    for (fid_mr* mr : p.mrs) fi_close(&mr->fid);
 #if defined(PZ_WITH_GPU)
     for (void* ev : p.events) gpu_event_free(ev);
     if (p.slab && p.pinned) gpu_pinned_free(p.slab);
@@ -697,6 +759,7 @@ std::map<std::string, std::string> Engine::info() const {
   m["rails"] = std::to_string(cfg_.rails);
   m["chunk"] = std::to_string(cfg_.chunk);
   m["depth"] = std::to_string(cfg_.depth);
+  m["threads"] = threads_safe_ ? "a pump per rail + progress (FI_THREAD_SAFE)" : "one progress thread";
   m["hmem"] = hmem_ ? "offered (device memory still staged)" : "no";
   m["mr_local"] = mr_local_ ? "yes (host memory staged through registered slots)" : "no";
   m["error"] = error_;

@@ -3,6 +3,7 @@
 // staging ring per peer for memory the provider cannot send from, and one
 // progress thread. Python posts a batch of transfers and waits on it.
 #pragma once
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -17,6 +18,7 @@ struct fi_info;
 struct fid_fabric;
 struct fid_domain;
 struct fid_ep;
+struct fid_mr;
 struct fid_cq;
 struct fid_av;
 
@@ -74,6 +76,7 @@ class Engine {
     std::vector<uint64_t> lens;
   };
   struct Rail {
+    fid_domain* domain = nullptr;
     fid_ep* ep = nullptr;
     fid_cq* cq = nullptr;
     fid_av* av = nullptr;
@@ -91,6 +94,8 @@ class Engine {
   void on_wire_done(Chunk* c, uint64_t len);
   void finish_chunk(Chunk* c);
   bool poll_cqs();
+  void pump(int rail);  // a rail's pump thread
+  void stop_pumps();
   bool poll_copies();
   void fail(const std::string& why);
   void teardown();
@@ -99,9 +104,18 @@ class Engine {
   Config cfg_;
   fi_info* info_ = nullptr;
   fid_fabric* fabric_ = nullptr;
-  fid_domain* domain_ = nullptr;
   std::vector<Rail> rails_;
-  bool mr_local_ = false, hmem_ = false;
+  bool mr_local_ = false, hmem_ = false, threads_safe_ = false;
+  struct Done {
+    Chunk* c;
+    uint64_t len;
+    int err, prov_errno;
+  };
+  std::mutex cq_mu_;  // the pumps' completions, for the progress thread
+  std::condition_variable cq_cv_;
+  std::vector<Done> done_;
+  std::vector<std::thread> pumps_;
+  std::atomic<bool> pump_stop_{false};
   void* copy_stream_ = nullptr;
   void* order_event_ = nullptr;
 

@@ -148,6 +148,7 @@ class Communicator:
         native backend inside."""
         facts = dom.rank_facts(self.group, self.device, self.timeout)
         dom.check_facts(facts)
+        self._all_gpu = all(f["kind"] != "cpu" for f in facts)
         self.domains = dom.resolve(domains, facts, transport)
         self._domain_of = {r: i for i, d in enumerate(self.domains) for r in d}
         mine = self.domains[self._domain_of[self.rank]]
@@ -245,7 +246,7 @@ class Communicator:
         if self.compress == "auto":  # a cache is reused only where every rank holds the same one
             self.policy.calibrate(self.tp, self.group, self.timeout, self.parent_group,
                                   cached=rows[0][5] != 0 and all(row[5] == rows[0][5] for row in rows),
-                                  swap=self._swap_floats, torch_native=self._torch)
+                                  swap=self._swap_floats, torch_native=self._torch, all_gpu=self._all_gpu)
 
     def _swap_all(self, spec: Sequence, dtype: torch.dtype = torch.int64) -> list:
         """Every rank's message of len(spec) values (this rank's is spec), bounded by the timeout."""

@@ -52,8 +52,11 @@ class TransportCosts:
 
 TORCH_COSTS = TransportCosts()
 # The fabric engine sends each coded piece as one sized message: control (or
-# spec) then one round. Host figures: torch's, until measured on a real NIC.
-FABRIC_COSTS = TransportCosts(p2p_rounds=2, coll_rounds=2, second_phase_rounds=1)
+# spec) then one round. Host time per exchange: a compressed 4 MiB send over
+# tcp;ofi_rxm between two H200 ranks took 0.9 ms more than ratio x raw
+# (bench/results/h200-fabric.json, 2026-12-01): the header read-back and
+# the staging of the sized message's first chunk before its length is known.
+FABRIC_COSTS = TransportCosts(p2p_rounds=2, coll_rounds=2, second_phase_rounds=1, host_exchange_s=900e-6)
 
 
 @dataclass
@@ -106,7 +109,7 @@ class Policy:
         return 0 if hit is None else (zlib.crc32(repr(hit).encode()) | 1)
 
     def calibrate(self, tp: Transport, group, timeout: float, cache_group, cached: bool, swap,
-                  torch_native: bool = True) -> Calibration:
+                  torch_native: bool = True, all_gpu: Optional[bool] = None) -> Calibration:
         """Measure (or, where every rank has it cached, reuse) the constants,
         and agree on them: each rank ends with the same figures and margin.
         Collective: every rank calls it with the same `cached` (the
@@ -114,12 +117,15 @@ class Policy:
         timeout. Figures are cached per cache_group (the caller's group:
         each Communicator measures over its own private copy of it).
         swap(values): every rank's list of floats, over the Communicator's
-        transport. torch_native: the group has torch collectives to measure."""
+        transport. torch_native: the group has torch collectives to measure.
+        all_gpu: every rank moves GPU tensors (default: this rank's device says)."""
         key = self._key(tp)
+        if all_gpu is None:
+            all_gpu = tp.device.type == "cuda"
         if cached:
             self.cal, self.margin = _CACHE[cache_group][key]
             return self.cal
-        alpha, beta = self._measure_link(tp, timeout)
+        alpha, beta = self._measure_link(tp, timeout, all_gpu)
         w1 = max(tp.world - 1, 1)
         if torch_native:
             native = {op: self._measure_native(op, tp, group, timeout) for op in _NATIVE_MEASURED}
@@ -164,10 +170,11 @@ class Policy:
         return zlib.crc32(repr(facts).encode())
 
     @staticmethod
-    def _measure_link(tp: Transport, timeout: float):
+    def _measure_link(tp: Transport, timeout: float, all_gpu: bool):
         if tp.world == 1:
             return 0.0, 0.0
-        small, big = (64 << 10, 16 << 20) if tp.device.type == "cuda" else (16 << 10, 2 << 20)
+        # Sizes every rank agrees on (a mixed cluster's CPU ranks set them for all).
+        small, big = (64 << 10, 16 << 20) if all_gpu else (16 << 10, 2 << 20)
         nxt, prv = (tp.rank + 1) % tp.world, (tp.rank - 1) % tp.world
 
         def ring(size):
