@@ -458,10 +458,12 @@ bool Engine::post_wire(Chunk* c) {
   if (rc == -FI_EAGAIN) return false;
   if (rc) throw std::runtime_error(std::string(x->send() ? "posting a send to rank " : "posting a receive from rank ") +
                                    std::to_string(peer) + ": " + err_text(static_cast<int>(rc)));
+  if (r.outstanding.fetch_add(1, std::memory_order_relaxed) == 0) pump_cv_.notify_all();  // a sleeping pump
   return true;
 }
 
 void Engine::on_wire_done(Chunk* c, uint64_t len) {
+  rails_[c->rail].outstanding.fetch_sub(1, std::memory_order_relaxed);
   Xfer* x = c->x;
   const int peer = x->op.peer;
   if (!x->send()) {
@@ -537,8 +539,15 @@ void Engine::pump(int r) {
   while (!pump_stop_.load(std::memory_order_relaxed)) {
     const ssize_t n = fi_cq_read(cq, ev, 16);
     if (n == -FI_EAGAIN) {
-      if (++idle > cfg_.spin)
-        std::this_thread::sleep_for(std::chrono::microseconds(std::min(500, 10 << std::min(idle - cfg_.spin, 6))));
+      // With operations outstanding on this rail, nap briefly (bytes may be
+      // arriving); with none, sleep until the progress thread posts here.
+      if (++idle > cfg_.spin) {
+        std::unique_lock<std::mutex> lk(pump_mu_);
+        if (rails_[r].outstanding.load(std::memory_order_relaxed) > 0)
+          pump_cv_.wait_for(lk, std::chrono::microseconds(20));
+        else
+          pump_cv_.wait_for(lk, std::chrono::milliseconds(2));
+      }
       continue;
     }
     idle = 0;
@@ -694,6 +703,7 @@ void Engine::fail(const std::string& why) {
 
 void Engine::stop_pumps() {
   pump_stop_ = true;
+  pump_cv_.notify_all();
   for (auto& t : pumps_) t.join();
   pumps_.clear();
 }

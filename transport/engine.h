@@ -82,6 +82,14 @@ class Engine {
     fid_av* av = nullptr;
     std::string name;
     std::vector<uint64_t> addr;  // fi_addr_t of every rank
+    std::atomic<int> outstanding{0};  // posted, not yet completed (its pump naps, not sleeps)
+    Rail() = default;
+    Rail(const Rail&) : Rail() {}  // for vector::assign before any use
+    Rail& operator=(const Rail& o) {
+      domain = o.domain, ep = o.ep, cq = o.cq, av = o.av, name = o.name, addr = o.addr;
+      outstanding.store(o.outstanding.load());
+      return *this;
+    }
   };
 
   void open_provider();
@@ -116,6 +124,8 @@ class Engine {
   std::vector<Done> done_;
   std::vector<std::thread> pumps_;
   std::atomic<bool> pump_stop_{false};
+  std::mutex pump_mu_;  // sleeping pumps wait on pump_cv_; a post to an idle rail wakes them
+  std::condition_variable pump_cv_;
   void* copy_stream_ = nullptr;
   void* order_event_ = nullptr;
 

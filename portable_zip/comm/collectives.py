@@ -67,7 +67,9 @@ def reduce_local(chunks: Sequence[torch.Tensor], op: ReduceOp, divisor: Optional
         else:
             torch.maximum(acc, c.to(wide), out=acc)
     if op == ReduceOp.AVG:
-        acc.div_(divisor or len(chunks))
+        # A tensor divisor: CUDA divides by a Python scalar as a multiply by its
+        # reciprocal, which can round differently from the CPU's true division.
+        acc.div_(acc.new_full((1,), float(divisor or len(chunks))))
     return acc.to(dtype)
 
 

@@ -6,7 +6,7 @@ Settings (libfabric style, the same on every rank; the engine checks):
 PZ_FABRIC_PROVIDER (force one: "tcp;ofi_rxm", "efa", "shm", ...),
 PZ_FABRIC_RAILS (endpoints per peer, default 2), PZ_FABRIC_CHUNK (bytes per
 chunk and staging slot, default 2 MiB), PZ_FABRIC_DEPTH (chunks in flight per
-peer and direction, default 4), PZ_FABRIC_STAGE=1 (stage host memory too),
+peer and direction, default max(4, 2 x rails)), PZ_FABRIC_STAGE=1 (stage host memory too),
 PZ_FABRIC_LIBRARY (a libfabric.so.1 to load), PZ_FABRIC_SPIN (idle polls
 before the progress thread sleeps, default 2000; more on dedicated cores)."""
 from __future__ import annotations
@@ -56,8 +56,10 @@ class FabricTransport:
             os.environ.setdefault("FI_HMEM", "system")  # a CPU rank: libfabric leaves CUDA/ROCr alone
         provider = os.environ.get("PZ_FABRIC_PROVIDER", "")
         try:
-            self.engine = _C.FabricEngine(provider, _env_int("PZ_FABRIC_RAILS", 2), _env_int("PZ_FABRIC_CHUNK", 2 << 20),
-                                          _env_int("PZ_FABRIC_DEPTH", 4), os.environ.get("PZ_FABRIC_STAGE") == "1",
+            rails = _env_int("PZ_FABRIC_RAILS", 2)
+            self.engine = _C.FabricEngine(provider, rails, _env_int("PZ_FABRIC_CHUNK", 2 << 20),
+                                          _env_int("PZ_FABRIC_DEPTH", max(4, 2 * rails)),
+                                          os.environ.get("PZ_FABRIC_STAGE") == "1",
                                           device.index if device.type == "cuda" else -1, self.rank, self.world,
                                           same_host, _env_int("PZ_FABRIC_SPIN", 2000))
         except RuntimeError as e:
