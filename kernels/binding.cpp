@@ -254,6 +254,10 @@ NB_MODULE(_C, m) {
         return nb::cast(lens);
       })
       .def("info", &Engine::info)
+      .def("abort", [](Engine& e, const std::string& why) {
+        nb::gil_scoped_release release;
+        e.abort(why);
+      })
       .def("close", [](Engine& e) {
         nb::gil_scoped_release release;
         e.close();

@@ -186,3 +186,63 @@ def domain_errors(rank, world):
         except (TypeError, ValueError) as e:
             out.append(str(e))
     return out
+
+
+def domains_disagree(rank, world):
+    """Ranks passing different domains= raise MismatchError on every rank, at once."""
+    mine = [[0, 1], [2]] if rank == 0 else [[0], [1, 2]]
+    t0 = time.monotonic()
+    try:
+        pz.Communicator(transport="fabric", domains=mine, timeout=20)
+    except pz.MismatchError as e:
+        return time.monotonic() - t0, str(e)
+    raise AssertionError("different domains= were accepted")
+
+
+def fail_mid_exchange(rank, world):
+    """An exchange that raises with later waves still posted (a corrupt first
+    stream) must cancel them before its buffers are freed: rank 1 raises,
+    keeps running, and allocates over the freed buffers without a crash."""
+    import portable_zip.comm.wire as wire
+
+    comm = pz.Communicator(compress="always", transport="fabric", timeout=20)
+    n = 10 << 20  # three 20 MiB bf16 tensors: waves [0, 1] and [2]
+    if rank == 0:
+        good, calls = wire._compress_wave, []
+
+        def corrupt_first(wave_out, streams, sources):
+            new, bufs = good(wave_out, streams, sources)
+            if not calls:
+                bufs[0][30] ^= 0xFF  # the header checksum: the receiver rejects wave 0
+            else:
+                time.sleep(1.0)  # wave 1 arrives after the receiver gave up
+            calls.append(1)
+            return new, bufs
+
+        wire._compress_wave = corrupt_first
+        try:
+            for k in range(3):
+                comm.isend(data(3, 0, k, n, torch.bfloat16), 1)
+            comm._flush()
+            comm._drain()
+        except Exception:  # noqa: BLE001 - the sender may see the receiver's abort
+            pass
+        time.sleep(3)
+        return "sent"
+    works = [comm.irecv(empty(n, dtype=torch.bfloat16), 0) for _ in range(3)]
+    try:
+        for w in works:
+            w.wait()
+    except pz.PeerError as e:
+        msg = str(e)
+    else:
+        raise AssertionError("a corrupt stream was accepted")
+    del works
+    junk = [torch.full((n,), 7, dtype=torch.bfloat16) for _ in range(6)]  # reuse the freed memory
+    time.sleep(2.5)
+    check(all(bool((j == 7).all()) for j in junk), "a cancelled receive wrote into freed memory")
+    try:
+        comm.send(torch.ones(10), 0)
+    except pz.PeerError as e:
+        return msg, str(e)
+    raise AssertionError("the engine kept running after an aborted exchange")

@@ -104,3 +104,16 @@ def test_domain_arguments_are_checked():
 def test_backend_info_reports_the_fabric():
     info = pz.backend_info()
     assert info["fabric"] in ("available", "unavailable") and (info["fabric"] == "available") == (not _C.fabric_probe())
+
+
+def test_different_domains_raise_mismatch_on_every_rank():
+    res = ok(run(3, fabric_workers.domains_disagree, deadline=90))
+    for elapsed, msg in res.values():
+        assert elapsed < 15 and "domains= differs" in msg, (elapsed, msg)
+
+
+def test_failed_exchange_cancels_its_posted_waves():
+    res = ok(run(2, fabric_workers.fail_mid_exchange, deadline=120))
+    first, later = res[1]
+    assert "corrupt" in first or "checksum" in first or "unreadable" in first, first
+    assert "failed earlier" in later, later

@@ -286,16 +286,20 @@ uint64_t Engine::post(const std::vector<Op>& ops, void* user_stream) {
     std::lock_guard<std::mutex> g(mu_);
     if (!error_.empty()) throw std::runtime_error("the fabric transport failed earlier: " + error_);
     if (closed_ || !connected_) throw std::runtime_error("the fabric transport is closed");
+    for (const Op& op : ops) {  // all checked before any takes a sequence number
+      if (op.peer < 0 || op.peer >= cfg_.world || op.peer == cfg_.rank)
+        throw std::invalid_argument("fabric: peer " + std::to_string(op.peer) + " is not another rank");
+      if (op.len / cfg_.chunk >= kMaxChunks) throw std::invalid_argument("fabric: transfer too large for its chunk size");
+      if ((op.kind == Kind::SendSized || op.kind == Kind::RecvSized) && op.len < 16)
+        throw std::invalid_argument("fabric: a sized transfer needs a buffer of at least a stream header");
+    }
     id = next_batch_++;
     Batch& b = batches_[id];
     b.lens.assign(ops.size(), 0);
     bool device = false;
     for (size_t i = 0; i < ops.size(); ++i) {
       const Op& op = ops[i];
-      if (op.peer < 0 || op.peer >= cfg_.world || op.peer == cfg_.rank)
-        throw std::invalid_argument("fabric: peer " + std::to_string(op.peer) + " is not another rank");
       if (op.len == 0) continue;  // both ends skip empty transfers alike
-      if (op.len / cfg_.chunk >= kMaxChunks) throw std::invalid_argument("fabric: transfer too large for its chunk size");
       auto* x = new Xfer;
       x->op = op;
       x->batch = id;
@@ -345,7 +349,16 @@ int Engine::wait(uint64_t batch, double timeout_s, std::vector<uint64_t>* lens) 
   done_cv_.wait_for(lk, std::chrono::seconds(10), [&] { return closed_; });
   batches_.erase(batch);
   if (!in_time) return 1;
-  throw std::runtime_error(error_);
+  throw std::runtime_error(error_.empty() ? "the fabric transport was closed" : error_);
+}
+
+void Engine::abort(const std::string& why) {
+  std::unique_lock<std::mutex> lk(mu_);
+  if (error_.empty()) error_ = why;
+  if (!thread_.joinable()) return;
+  work_cv_.notify_all();
+  // Endpoints closed, staging copies drained: no late write into the caller's buffers.
+  done_cv_.wait_for(lk, std::chrono::seconds(10), [&] { return closed_; });
 }
 
 Pair& Engine::pair(int peer) {

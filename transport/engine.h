@@ -68,6 +68,9 @@ class Engine {
   // After a timeout or an error the engine is closed: no op can touch user memory later.
   int wait(uint64_t batch, double timeout_s, std::vector<uint64_t>* lens);
   std::map<std::string, std::string> info() const;
+  // Cancel everything posted (an exchange failed with transfers still in
+  // flight): the engine closes, and later posts raise with why.
+  void abort(const std::string& why);
   void close();
 
  private:

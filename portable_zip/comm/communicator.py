@@ -146,7 +146,7 @@ class Communicator:
         """One domain: torch.distributed, as ever. Several (mixed vendors, or
         transport='fabric'): the fabric engine between them, each domain's
         native backend inside."""
-        facts = dom.rank_facts(self.group, self.device, self.timeout)
+        facts = dom.rank_facts(self.group, self.device, self.timeout, domains)
         dom.check_facts(facts)
         self._all_gpu = all(f["kind"] != "cpu" for f in facts)
         self.domains = dom.resolve(domains, facts, transport)

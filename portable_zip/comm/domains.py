@@ -26,13 +26,13 @@ def device_kind(device: torch.device) -> str:
     return "cpu"
 
 
-def rank_facts(group, device: torch.device, timeout: float) -> List[dict]:
-    """Every rank's {kind, host, build}, swapped through the job's store
-    (keyed by the private group's unique name)."""
+def rank_facts(group, device: torch.device, timeout: float, domains=None) -> List[dict]:
+    """Every rank's {kind, host, build, domains (its domains= argument)},
+    swapped through the job's store (keyed by the private group's unique name)."""
     store = dist.distributed_c10d._get_default_store()
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     prefix = f"pz/facts/{group.group_name}/"
-    me = f"{device_kind(device)}|{socket.gethostname()}|{_C.backend}:{_C.format_version}"
+    me = f"{device_kind(device)}|{socket.gethostname()}|{_C.backend}:{_C.format_version}|{_canonical(domains)}"
     store.set(prefix + str(rank), me)
     keys = [prefix + str(j) for j in range(world)]
     try:
@@ -41,9 +41,19 @@ def rank_facts(group, device: torch.device, timeout: float) -> List[dict]:
         raise PeerTimeout(f"a peer did not publish its device facts within {timeout:g} s ({e})") from None
     out = []
     for k in keys:
-        kind, host, build = store.get(k).decode().split("|")
-        out.append({"kind": kind, "host": host, "build": build})
+        kind, host, build, doms = store.get(k).decode().split("|")
+        out.append({"kind": kind, "host": host, "build": build, "domains": doms})
     return out
+
+
+def _canonical(domains) -> str:
+    """domains= as every rank should have passed it (lists and tuples alike)."""
+    try:
+        if domains is None or isinstance(domains, str):
+            return repr(domains)
+        return repr(sorted(sorted(int(r) for r in d) for d in domains))
+    except (TypeError, ValueError):
+        return repr(domains).replace("|", "/")
 
 
 def resolve(domains, facts: List[dict], transport: str) -> List[List[int]]:
@@ -84,6 +94,9 @@ def resolve(domains, facts: List[dict], transport: str) -> List[List[int]]:
 
 
 def check_facts(facts: List[dict]) -> None:
+    if len({f["domains"] for f in facts}) > 1:
+        raise MismatchError("domains= differs between ranks: " +
+                            ", ".join(f"rank {j} {f['domains']}" for j, f in enumerate(facts)))
     builds = {f["build"].split(":")[1] for f in facts}
     if len(builds) > 1:
         raise MismatchError("ranks run portable_zip builds with different stream formats: " +
@@ -93,8 +106,14 @@ def check_facts(facts: List[dict]) -> None:
 def domain_group(parent_ranks: List[int], members: List[int], kind: str, timeout: float):
     """This rank's domain's torch group (NCCL/RCCL for GPUs, gloo for CPUs); only members call it."""
     backend = "nccl" if kind in ("cuda", "rocm") else "gloo"
-    return dist.new_group(ranks=[parent_ranks[r] for r in members], backend=backend,
-                          timeout=datetime.timedelta(seconds=timeout), use_local_synchronization=True)
+    try:
+        return dist.new_group(ranks=[parent_ranks[r] for r in members], backend=backend,
+                              timeout=datetime.timedelta(seconds=timeout), use_local_synchronization=True)
+    except RuntimeError as e:  # the store's wait (DistStoreError) when a domain peer never arrives
+        if "timeout" in str(e).lower() or "timed out" in str(e).lower():
+            raise PeerTimeout(f"a peer of domain {members} did not construct its Communicator within "
+                              f"{timeout:g} s") from e
+        raise
 
 
 class RoutedTransport:
@@ -124,6 +143,9 @@ class RoutedTransport:
             self.fabric.wait(far, timeout)
         if near is not None:
             self.local.wait(near, max(deadline - time.monotonic(), 0.001))
+
+    def abort(self, why: str) -> None:
+        self.fabric.abort(why)
 
     def exchange(self, sends, recvs, plan, timeout: float):
         from .wire import exchange

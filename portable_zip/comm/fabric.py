@@ -121,6 +121,11 @@ class FabricTransport:
             raise PeerTimeout(f"{self.name}: a peer did not answer within {timeout:g} s")
         return lens
 
+    def abort(self, why: str) -> None:
+        """Cancel every posted transfer (an exchange failed with some still in
+        flight) before the caller's buffers are freed; the engine closes."""
+        self.engine.abort(why)
+
     def exchange(self, sends, recvs, plan, timeout: float):
         from .wire import exchange_sized
         return exchange_sized(self, sends, recvs, plan, timeout)

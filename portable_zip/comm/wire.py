@@ -22,6 +22,7 @@ Streams travel flattened (ndim 1), so their layout depends on dtype and numel on
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
@@ -206,7 +207,22 @@ def exchange(tp: Transport, sends: Dict[int, object], recvs: Dict[int, object], 
     transport's device. plan: a Plan for every pair, or {peer: Plan}. Pairs
     whose plan is not agreed swap control messages first (round 1)."""
     res, sends, out_units, in_units, out_waves, in_waves, nwaves = _prepare(tp, sends, recvs, plan, timeout)
-    return _exchange_waves(tp, res, out_units, in_units, out_waves, in_waves, nwaves, timeout)
+    with _aborting(tp):
+        return _exchange_waves(tp, res, out_units, in_units, out_waves, in_waves, nwaves, timeout)
+
+
+@contextlib.contextmanager
+def _aborting(tp):
+    """An exchange that fails with transfers still posted must cancel them
+    before its buffers are freed: torch's works hold their tensors, the fabric
+    engine does not, so it is aborted (closed) first."""
+    try:
+        yield
+    except BaseException as e:
+        abort = getattr(tp, "abort", None)
+        if abort is not None:
+            abort(f"an earlier exchange failed: {type(e).__name__}: {e}")
+        raise
 
 
 def _prepare(tp: Transport, sends, recvs, plan, timeout: float) -> tuple:
@@ -376,25 +392,31 @@ def exchange_sized(tp, sends: Dict[int, object], recvs: Dict[int, object], plan,
     dev = tp.device
     streams: Dict[tuple, torch.Tensor] = {}
     sources = {u.key: u.t for us in out_units.values() for u in us if u.coded}
-    posted = []
-    for w in range(nwaves):
-        wave_out = _in_wave(out_waves, w)
-        _compress_wave(wave_out, streams, sources)
-        _mark(f"wave {w} compress launched")
-        ops = []
-        for u in wave_out:
-            if u.coded:
-                u.buf = streams[u.key]
-                ops.append((SEND_SIZED, u.buf, u.peer))
-            else:
-                ops.append((SEND, u.t, u.peer))
-                res.wire_bytes += u.t.nbytes
-        wave_in = _in_wave(in_waves, w)
-        _receive_buffers([u for u in wave_in if u.coded], dev)
-        ops += [(RECV_SIZED, u.buf, u.peer) if u.coded else (RECV, u.t, u.peer) for u in wave_in]
-        posted.append((wave_out, wave_in, tp.post_raw(ops)))
-        _mark(f"wave {w} posted")
-    err = _error_word(dev, in_units)
+    with _aborting(tp):  # a failure with waves posted cancels them before their buffers go
+        posted = []
+        for w in range(nwaves):
+            wave_out = _in_wave(out_waves, w)
+            _compress_wave(wave_out, streams, sources)
+            _mark(f"wave {w} compress launched")
+            ops = []
+            for u in wave_out:
+                if u.coded:
+                    u.buf = streams[u.key]
+                    ops.append((SEND_SIZED, u.buf, u.peer))
+                else:
+                    ops.append((SEND, u.t, u.peer))
+                    res.wire_bytes += u.t.nbytes
+            wave_in = _in_wave(in_waves, w)
+            _receive_buffers([u for u in wave_in if u.coded], dev)
+            ops += [(RECV_SIZED, u.buf, u.peer) if u.coded else (RECV, u.t, u.peer) for u in wave_in]
+            posted.append((wave_out, wave_in, tp.post_raw(ops)))
+            _mark(f"wave {w} posted")
+        _finish_sized(tp, res, posted, in_units, timeout)
+    return res
+
+
+def _finish_sized(tp, res: Result, posted: list, in_units, timeout: float) -> None:
+    err = _error_word(tp.device, in_units)
     seen = set()
     for wave_out, wave_in, pending in posted:
         lens = tp.wait(pending, timeout)
@@ -414,7 +436,6 @@ def exchange_sized(tp, sends: Dict[int, object], recvs: Dict[int, object], plan,
         _decode(got, err)
     _check_error_word(err)
     _mark("end", tp.rank)
-    return res
 
 
 def _mark(what: Optional[str], rank: int = -1) -> None:
