@@ -4,15 +4,13 @@ tensors where it dominates. Two ranks: NCCL when there are 2 GPUs, else gloo.
 
     python bench/guard_cost.py [--json out.json] [--reps 200]
 
-Rows: per op, the median µs of torch's own call, ours under compress="auto"
+Rows: per op, the median (over reps, of the slowest rank) µs of torch's own call, ours under compress="auto"
 (native: no guard), ours under auto with PZ_CHECK_PLANS=1 (native + guard),
 and ours under compress="never" (raw plan: guard + our algorithm).
 """
 import argparse
 import json
 import os
-import statistics
-import time
 
 import torch
 import torch.distributed as dist
@@ -43,17 +41,7 @@ def _worker(rank, world, reps, numel):
             fn = fns[op]
             for _ in range(10):
                 fn()
-            times = []
-            for _ in range(reps):
-                dist.barrier()
-                if dev.type == "cuda":
-                    torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                fn()
-                if dev.type == "cuda":
-                    torch.cuda.synchronize()
-                times.append(time.perf_counter() - t0)
-            row[f"{name}_us"] = 1e6 * statistics.median(times)
+            row[f"{name}_us"] = 1e6 * comm_bench.timed(fn, dev, reps)  # median of the slowest rank's times
         row["guard_us"] = row["auto+check_us"] - row["auto_us"]
         rows.append(row)
     plans = {n: {op: dict(s["plans"]) for op, s in c.stats.items()} for n, c in comms.items()}

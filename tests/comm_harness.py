@@ -2,7 +2,7 @@
 from portable_zip.comm_bench import run_ranks
 
 
-def run(world: int, fn, *args, deadline: float = 240.0, backend: str = "gloo") -> dict:
-    """{rank: ("ok", value) | ("error", text) | ("hung", "")}."""
-    return run_ranks(world, fn, *args, env={"OMP_NUM_THREADS": "1"}, backend=backend, deadline=deadline,
-                     pg_timeout=120.0)
+def run(world: int, fn, *args, deadline: float = 240.0, backend: str = "gloo", env=None) -> dict:
+    """{rank: ("ok", value) | ("error", text) | ("hung", "")}. env: extra variables for the ranks."""
+    return run_ranks(world, fn, *args, env={"OMP_NUM_THREADS": "1", **(env or {})}, backend=backend,
+                     deadline=deadline, pg_timeout=120.0)

@@ -38,6 +38,34 @@ def check(cond, msg):
         raise AssertionError(msg)
 
 
+def moving_ops(comm, rank, world, seed, case, numel, dtype, mode, splits) -> int:
+    """Ring send/recv, broadcast, all_gather and an uneven all_to_all over rows
+    of 3 elements (splits[i][j]: rows rank i sends rank j), each checked bit
+    for bit against the data every rank can rebuild; returns the 4 checks."""
+    # Ring send/recv, posted async so no rank blocks the ring.
+    nxt, prv = (rank + 1) % world, (rank - 1) % world
+    got = empty(numel, dtype=dtype)
+    w1 = comm.isend(data(seed, rank, case, numel, dtype), nxt)
+    w2 = comm.irecv(got, prv)
+    w1.wait(), w2.wait()
+    check(same(got, data(seed, prv, case, numel, dtype)), f"send/recv {mode} {dtype} {numel}")
+    src = case % world
+    t = data(seed, src, case, numel, dtype) if rank == src else empty(numel, dtype=dtype)
+    comm.broadcast(t, src)
+    check(same(t, data(seed, src, case, numel, dtype)), f"broadcast {mode} {dtype} {numel}")
+    out = empty(world * numel, dtype=dtype)
+    comm.all_gather_single(out, data(seed, rank, case, numel, dtype))
+    want = torch.cat([data(seed, r, case, numel, dtype) for r in range(world)])
+    check(same(out, want), f"all_gather {mode} {dtype} {numel}")
+    inp = data(seed, rank, case, sum(splits[rank]) * 3, dtype).reshape(-1, 3)
+    out = empty(sum(splits[j][rank] for j in range(world)), 3, dtype=dtype)
+    comm.all_to_all_single(out, inp, [splits[j][rank] for j in range(world)], splits[rank])
+    want = torch.cat([data(seed, j, case, sum(splits[j]) * 3, dtype).reshape(-1, 3)
+                      [sum(splits[j][:rank]): sum(splits[j][:rank + 1])] for j in range(world)])
+    check(same(out, want), f"all_to_all {mode} {dtype} {numel}")
+    return 4
+
+
 def battery(rank, world, seed, sizes):
     """Every op, every dtype, several sizes, compress="always" and "never";
     returns the number of checks that passed."""
@@ -48,32 +76,8 @@ def battery(rank, world, seed, sizes):
             case += 1
             results = {}
             for mode, comm in comms.items():
-                # Ring send/recv, posted async so no rank blocks the ring.
-                nxt, prv = (rank + 1) % world, (rank - 1) % world
-                got = empty(numel, dtype=dtype)
-                w1 = comm.isend(data(seed, rank, case, numel, dtype), nxt)
-                w2 = comm.irecv(got, prv)
-                w1.wait(), w2.wait()
-                check(same(got, data(seed, prv, case, numel, dtype)), f"send/recv {mode} {dtype} {numel}")
-                # Broadcast.
-                src = case % world
-                t = data(seed, src, case, numel, dtype) if rank == src else empty(numel, dtype=dtype)
-                comm.broadcast(t, src)
-                check(same(t, data(seed, src, case, numel, dtype)), f"broadcast {mode} {dtype} {numel}")
-                # All-gather.
-                out = empty(world * numel, dtype=dtype)
-                comm.all_gather_single(out, data(seed, rank, case, numel, dtype))
-                want = torch.cat([data(seed, r, case, numel, dtype) for r in range(world)])
-                check(same(out, want), f"all_gather {mode} {dtype} {numel}")
-                # Uneven all_to_all over rows of 3 elements.
                 splits = [[(i + j + case) % 4 * (numel % 7 + 1) for j in range(world)] for i in range(world)]
-                inp = data(seed, rank, case, sum(splits[rank]) * 3, dtype).reshape(-1, 3)
-                out = empty(sum(splits[j][rank] for j in range(world)), 3, dtype=dtype)
-                comm.all_to_all_single(out, inp, [splits[j][rank] for j in range(world)], splits[rank])
-                want = torch.cat([data(seed, j, case, sum(splits[j]) * 3, dtype).reshape(-1, 3)
-                                  [sum(splits[j][:rank]): sum(splits[j][:rank + 1])] for j in range(world)])
-                check(same(out, want), f"all_to_all {mode} {dtype} {numel}")
-                passed += 4
+                passed += moving_ops(comm, rank, world, seed, case, numel, dtype, mode, splits)
                 if dtype in REDUCIBLE:
                     for op in pz.ReduceOp:
                         t = data(seed, rank, case, numel, dtype)

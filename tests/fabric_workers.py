@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 import portable_zip as pz
-from comm_workers import DTYPES, REDUCIBLE, check, data, device, empty
+from comm_workers import DTYPES, REDUCIBLE, check, data, device, empty, moving_ops
 from conftest import same_bits as same
 
 
@@ -29,28 +29,8 @@ def fabric_battery(rank, world, seed, sizes, domains=None, modes=("always", "nev
         for numel in sizes:
             case += 1
             for mode, comm in fab.items():
-                nxt, prv = (rank + 1) % world, (rank - 1) % world
-                got = empty(numel, dtype=dtype)
-                w1 = comm.isend(data(seed, rank, case, numel, dtype), nxt)
-                w2 = comm.irecv(got, prv)
-                w1.wait(), w2.wait()
-                check(same(got, data(seed, prv, case, numel, dtype)), f"send/recv {mode} {dtype} {numel}")
-                src = case % world
-                t = data(seed, src, case, numel, dtype) if rank == src else empty(numel, dtype=dtype)
-                comm.broadcast(t, src)
-                check(same(t, data(seed, src, case, numel, dtype)), f"broadcast {mode} {dtype} {numel}")
-                out = empty(world * numel, dtype=dtype)
-                comm.all_gather_single(out, data(seed, rank, case, numel, dtype))
-                want = torch.cat([data(seed, r, case, numel, dtype) for r in range(world)])
-                check(same(out, want), f"all_gather {mode} {dtype} {numel}")
                 splits = [[(i + 2 * j + case) % 5 * (numel % 7 + 1) for j in range(world)] for i in range(world)]
-                inp = data(seed, rank, case, sum(splits[rank]) * 3, dtype).reshape(-1, 3)
-                out = empty(sum(splits[j][rank] for j in range(world)), 3, dtype=dtype)
-                comm.all_to_all_single(out, inp, [splits[j][rank] for j in range(world)], splits[rank])
-                want = torch.cat([data(seed, j, case, sum(splits[j]) * 3, dtype).reshape(-1, 3)
-                                  [sum(splits[j][:rank]): sum(splits[j][:rank + 1])] for j in range(world)])
-                check(same(out, want), f"all_to_all {mode} {dtype} {numel}")
-                passed += 4
+                passed += moving_ops(comm, rank, world, seed, case, numel, dtype, mode, splits)
                 if dtype not in REDUCIBLE:
                     continue
                 for op in pz.ReduceOp:

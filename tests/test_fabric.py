@@ -19,9 +19,7 @@ TCP = {"PZ_FABRIC_PROVIDER": "tcp;ofi_rxm"}
 
 
 def run(world, fn, *args, env=None, deadline=300.0):
-    from portable_zip.comm_bench import run_ranks
-    return run_ranks(world, fn, *args, env={"OMP_NUM_THREADS": "1", **TCP, **(env or {})}, backend="gloo",
-                     deadline=deadline, pg_timeout=120.0)
+    return comm_harness.run(world, fn, *args, env={**TCP, **(env or {})}, deadline=deadline)
 
 
 def seed():

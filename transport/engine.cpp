@@ -545,13 +545,32 @@ bool Engine::advance(Pair& p, int dir) {
   return busy;
 }
 
+// One read of a completion queue, appended to out as Done records (an error
+// entry or a failed read becomes one record with err set); returns how many.
+static size_t read_cq(fid_cq* cq, std::vector<Done>* out) {
+  fi_cq_tagged_entry ev[16];
+  const ssize_t n = fi_cq_read(cq, ev, 16);
+  if (n == -FI_EAGAIN) return 0;
+  if (n > 0) {
+    for (ssize_t i = 0; i < n; ++i) out->push_back({static_cast<Chunk*>(ev[i].op_context), ev[i].len, 0, 0});
+    return static_cast<size_t>(n);
+  }
+  if (n == -FI_EAVAIL) {
+    fi_cq_err_entry e{};
+    fi_cq_readerr(cq, &e, 0);
+    out->push_back({static_cast<Chunk*>(e.op_context), 0, e.err ? e.err : FI_EIO, e.prov_errno});
+  } else {
+    out->push_back({nullptr, 0, static_cast<int>(-n), 0});
+  }
+  return 1;
+}
+
 void Engine::pump(int r) {
   fid_cq* cq = rails_[r].cq;
-  fi_cq_tagged_entry ev[16];
+  std::vector<Done> got;
   int idle = 0;
   while (!pump_stop_.load(std::memory_order_relaxed)) {
-    const ssize_t n = fi_cq_read(cq, ev, 16);
-    if (n == -FI_EAGAIN) {
+    if (!read_cq(cq, &got)) {
       // With operations outstanding on this rail, nap briefly (bytes may be
       // arriving); with none, sleep until the progress thread posts here.
       if (++idle > cfg_.spin) {
@@ -564,58 +583,37 @@ void Engine::pump(int r) {
       continue;
     }
     idle = 0;
-    std::lock_guard<std::mutex> g(cq_mu_);
-    if (n > 0) {
-      for (ssize_t i = 0; i < n; ++i) done_.push_back({static_cast<Chunk*>(ev[i].op_context), ev[i].len, 0, 0});
-    } else if (n == -FI_EAVAIL) {
-      fi_cq_err_entry e{};
-      fi_cq_readerr(cq, &e, 0);
-      done_.push_back({static_cast<Chunk*>(e.op_context), 0, e.err ? e.err : FI_EIO, e.prov_errno});
-    } else {
-      done_.push_back({nullptr, 0, static_cast<int>(-n), 0});
+    {
+      std::lock_guard<std::mutex> g(cq_mu_);
+      done_.insert(done_.end(), got.begin(), got.end());
     }
+    got.clear();
     cq_cv_.notify_one();
   }
 }
 
-[[noreturn]] static void completion_error(Chunk* c, int err, int prov_errno) {
-  std::string who = c ? (c->x->send() ? "sending to rank " : "receiving from rank ") + std::to_string(c->x->op.peer)
-                      : std::string("a transfer");
-  throw std::runtime_error(who + " failed (peer likely dead): " + err_text(err) +
-                           (prov_errno ? ", provider errno " + std::to_string(prov_errno) : ""));
-}
-
 bool Engine::poll_cqs() {
-  if (!pumps_.empty()) {  // the rails' pump threads read the queues: handle what they found
-    std::vector<Done> got;
-    {
-      std::lock_guard<std::mutex> g(cq_mu_);
-      got.swap(done_);
-    }
-    for (const Done& d : got) {
-      if (d.err) completion_error(d.c, d.err, d.prov_errno);
-      on_wire_done(d.c, d.len);
-    }
-    return !got.empty();
-  }
-  bool busy = false;
-  fi_cq_tagged_entry ev[16];
-  for (auto& r : rails_) {
-    for (;;) {
-      const ssize_t n = fi_cq_read(r.cq, ev, 16);
-      if (n == -FI_EAGAIN) break;
-      if (n == -FI_EAVAIL) {
-        fi_cq_err_entry e{};
-        fi_cq_readerr(r.cq, &e, 0);
-        completion_error(static_cast<Chunk*>(e.op_context), e.err, e.prov_errno);
+  std::vector<Done> got;
+  if (!pumps_.empty()) {  // the rails' pump threads read the queues: take what they found
+    std::lock_guard<std::mutex> g(cq_mu_);
+    got.swap(done_);
+  } else {
+    for (auto& r : rails_)
+      while (read_cq(r.cq, &got) == 16) {
       }
-      if (n < 0) throw std::runtime_error("fi_cq_read: " + err_text(static_cast<int>(n)));
-      for (ssize_t i = 0; i < n; ++i) on_wire_done(static_cast<Chunk*>(ev[i].op_context), ev[i].len);
-      busy = true;
-      if (n < 16) break;
-    }
   }
-  return busy;
+  for (const Done& d : got) {
+    if (d.err) {
+      Chunk* c = d.c;
+      const std::string who = c ? (c->x->send() ? "sending to rank " : "receiving from rank ") +
+                                      std::to_string(c->x->op.peer)
+                                : std::string("a transfer");
+      throw std::runtime_error(who + " failed (peer likely dead): " + err_text(d.err) +
+                               (d.prov_errno ? ", provider errno " + std::to_string(d.prov_errno) : ""));
+    }
+    on_wire_done(d.c, d.len);
+  }
+  return !got.empty();
 }
 
 bool Engine::poll_copies() {

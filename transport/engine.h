@@ -54,6 +54,13 @@ struct Chunk;
 struct Xfer;
 struct Pair;
 
+// A completion read from a rail's queue: the chunk, the bytes it moved, or an error.
+struct Done {
+  Chunk* c;
+  uint64_t len;
+  int err, prov_errno;
+};
+
 class Engine {
  public:
   explicit Engine(const Config& cfg);
@@ -117,11 +124,6 @@ class Engine {
   fid_fabric* fabric_ = nullptr;
   std::vector<Rail> rails_;
   bool mr_local_ = false, hmem_ = false, threads_safe_ = false;
-  struct Done {
-    Chunk* c;
-    uint64_t len;
-    int err, prov_errno;
-  };
   std::mutex cq_mu_;  // the pumps' completions, for the progress thread
   std::condition_variable cq_cv_;
   std::vector<Done> done_;

@@ -97,29 +97,38 @@ def all_gather(tp: Transport, out, inp, coded, timeout) -> Result:
     return tp.exchange({j: inp for j in peers}, {j: chunks[j] for j in peers}, _plan(coded, peers), timeout)
 
 
-def reduce_scatter(tp: Transport, out, inp, op: ReduceOp, coded, timeout, bounds=None) -> Result:
+def reduce_scatter(tp: Transport, out, inp, op: ReduceOp, coded, timeout, bounds=None, ranks=None,
+                   divisor=None) -> Result:
+    """Two-shot's first phase among ranks (default: every rank), in their
+    order: the i-th of them reduces shard i (reduce_local; AVG divides by
+    divisor, default len(ranks))."""
+    ranks = list(range(tp.world)) if ranks is None else ranks
     flat = inp.reshape(-1)
-    bounds = bounds or even_bounds(flat.numel(), tp.world)
+    bounds = dict(zip(ranks, bounds or even_bounds(flat.numel(), len(ranks))))
     me = tp.rank
     lo, hi = bounds[me]
-    peers = [j for j in range(tp.world) if j != me]
+    peers = [j for j in ranks if j != me]
     bufs = {j: torch.empty(hi - lo, dtype=inp.dtype, device=inp.device) for j in peers}
     res = tp.exchange({j: flat[bounds[j][0]: bounds[j][1]] for j in peers}, bufs, _plan(coded, peers), timeout)
-    parts = [flat[lo:hi] if j == me else bufs[j] for j in range(tp.world)]
-    out.reshape(-1).copy_(reduce_local(parts, op))
+    parts = [flat[lo:hi] if j == me else bufs[j] for j in ranks]
+    out.reshape(-1).copy_(reduce_local(parts, op, divisor))
     return res
 
 
-def all_reduce(tp: Transport, t, op: ReduceOp, coded, timeout) -> tuple:
+def all_reduce(tp: Transport, t, op: ReduceOp, coded, timeout, ranks=None, divisor=None) -> tuple:
+    """Two-shot all_reduce among ranks (default: every rank): reduce_scatter,
+    then every reduced shard goes to the others as bytes."""
+    ranks = list(range(tp.world)) if ranks is None else ranks
     flat = t.reshape(-1)
-    bounds = even_bounds(flat.numel(), tp.world)
+    shards = even_bounds(flat.numel(), len(ranks))
+    bounds = dict(zip(ranks, shards))
     lo, hi = bounds[tp.rank]
     mine = torch.empty(hi - lo, dtype=t.dtype, device=t.device)
-    rs = reduce_scatter(tp, mine, flat, op, coded, timeout, bounds)
-    peers = [j for j in range(tp.world) if j != tp.rank]
+    rs = reduce_scatter(tp, mine, flat, op, coded, timeout, shards, ranks, divisor)
+    peers = [j for j in ranks if j != tp.rank]
     flat[lo:hi].copy_(mine)
     ag = tp.exchange({j: mine for j in peers}, {j: flat[bounds[j][0]: bounds[j][1]] for j in peers},
-                  _plan(coded, peers), timeout)
+                     _plan(coded, peers), timeout)
     return rs, ag
 
 
@@ -153,30 +162,14 @@ def hier_all_reduce(tp, t, op: ReduceOp, coded, timeout, domains) -> tuple:
     padded = flat if per * size == n else torch.cat([flat, flat.new_zeros(per * size - n)])
     shard = torch.empty(per, dtype=t.dtype, device=t.device)
     native_op = ReduceOp.SUM.native() if op == ReduceOp.AVG else op.native()
-    grp = tp.local.group if tp.local is not None else None
-    if grp is not None:  # gloo's reduce_scatter ignores wait(timeout): wait on a helper thread
-        work = reduce_scatter_native(shard, padded, op=native_op, group=grp, async_op=True)
-        (tp.local.wait_detached if tp.local.backend == "gloo" else tp.local.wait)([work], timeout)
-    else:
-        shard.copy_(padded)
+    grp = tp.local.group  # domains of two or more ranks: each has its native group
+    work = reduce_scatter_native(shard, padded, op=native_op, group=grp, async_op=True)
+    # gloo's reduce_scatter ignores wait(timeout): wait on a helper thread.
+    (tp.local.wait_detached if tp.local.backend == "gloo" else tp.local.wait)([work], timeout)
     # The column's two-shot all_reduce over the fabric, in domain order.
-    k = len(column)
-    bounds = even_bounds(per, k)
-    pos = column.index(me)
-    lo, hi = bounds[pos]
-    peers = [c for c in column if c != me]
-    bufs = {c: torch.empty(hi - lo, dtype=t.dtype, device=t.device) for c in peers}
-    rs = tp.exchange({c: shard[bounds[column.index(c)][0]: bounds[column.index(c)][1]] for c in peers}, bufs,
-                     _plan(coded, peers), timeout)
-    parts = [shard[lo:hi] if c == me else bufs[c] for c in column]
-    mine = reduce_local(parts, op, divisor=tp.world if op == ReduceOp.AVG else None)
-    shard[lo:hi].copy_(mine)
-    ag = tp.exchange({c: mine for c in peers}, {c: shard[bounds[column.index(c)][0]: bounds[column.index(c)][1]]
-                                                for c in peers}, _plan(coded, peers), timeout)
-    if grp is not None:
-        tp.local.wait([all_gather_native(padded, shard, group=grp, async_op=True)], timeout)
-    else:
-        padded.copy_(shard)
+    rs, ag = all_reduce(tp, shard, op, coded, timeout, ranks=column,
+                        divisor=tp.world if op == ReduceOp.AVG else None)
+    tp.local.wait([all_gather_native(padded, shard, group=grp, async_op=True)], timeout)
     if padded.data_ptr() != flat.data_ptr():
         flat.copy_(padded[:n])
     return rs, ag

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import concurrent.futures
-import datetime
 import math
 import numbers
 import os
@@ -24,7 +23,7 @@ from .errors import MismatchError, PeerError, PeerTimeout
 from .policy import CODED, TORCH_COSTS, Policy
 from . import domains as dom
 from . import fabric
-from .transport import TorchDistTransport, movable
+from .transport import TorchDistTransport, movable, new_group_bounded
 from .wire import CHECK_PROTO, CTRL_WORDS, SPEC_PROTO
 
 _OPS = ["send", "recv", "broadcast", "all_gather", "reduce_scatter", "all_reduce", "all_to_all"]
@@ -124,8 +123,14 @@ class Communicator:
         self._open_transport(transport, domains)
         self.policy = Policy(link_gbps, latency_us, codec_gbps, margin)
         self.policy.costs = getattr(self.tp, "costs", TORCH_COSTS)  # the fabric engine's sized exchange: fewer rounds
+        if self._mixed:
+            self.policy.cross_pairs = tuple((i, j) for i in range(self.world) for j in range(i)
+                                            if self._domain_of[i] != self._domain_of[j])
         self.policy = Policy(link_gbps, latency_us, codec_gbps, margin)
         self.policy.costs = getattr(self.tp, "costs", TORCH_COSTS)  # the fabric engine's sized exchange: fewer rounds
+        if self._mixed:
+            self.policy.cross_pairs = tuple((i, j) for i in range(self.world) for j in range(i)
+                                            if self._domain_of[i] != self._domain_of[j])
         self._stats = {op: {"calls": 0, "raw_bytes": 0, "wire_bytes": 0, "time_s": 0.0,
                             "plans": defaultdict(int)} for op in _OPS}
         dev = self.device
@@ -174,7 +179,7 @@ class Communicator:
             else:
                 lib, why = backend, f"group backend '{backend}': CPU tensors"
             self.backend = f"{lib} via {self.tp.name} ({why})"
-            self._hier = False
+            self._hier = self._mixed = False
             return
         if transport == "torch":
             raise ValueError(f"domains {self.domains} need the fabric transport between them; use transport='auto' "
@@ -185,7 +190,9 @@ class Communicator:
                                f"connects, and it is unavailable: {fabric.available()}")
         same_host = len({f["host"] for f in facts}) == 1
         fab = fabric.FabricTransport(self.group, self.device, self.timeout, same_host)
-        if all(len(d) == 1 for d in self.domains):
+        # Mixed: some domain holds several ranks, so pairs differ (native inside, fabric between).
+        self._mixed = any(len(d) > 1 for d in self.domains)
+        if not self._mixed:
             self.tp = fab
         else:
             # Every rank makes exactly one domain group, singletons too: torch
@@ -203,23 +210,17 @@ class Communicator:
     def _observe(self, streams) -> None:
         """Learn the ratio only where every rank sees every stream once: in a
         mixed cluster each rank sees only its cross-domain peers' streams."""
-        if not self._mixed():
+        if not self._mixed:
             self.policy.observe(streams)
 
     def _cross(self, peer: int) -> bool:
         return self._domain_of[peer] != self._domain_of[self.rank]
 
-    def _cross_pair(self, i: int, j: int) -> bool:
-        return self._domain_of[i] != self._domain_of[j]
-
-    def _mixed(self) -> bool:
-        return not self._torch and any(len(d) > 1 for d in self.domains)
-
     def _coded(self, plan: str, dtype: torch.dtype, nbytes: int):
         """What collectives take as `coded`: a bool, or per peer in mixed
         clusters: only hops between domains, and under auto only pairs whose
         two codecs beat the link (a CPU rank's may not)."""
-        if plan != "compressed" or not self._mixed():
+        if plan != "compressed" or not self._mixed:
             return plan == "compressed"
         if self.compress == "always":
             return self._cross
@@ -324,10 +325,8 @@ class Communicator:
             return "native" if self.compress == "auto" and self._torch else "raw"
         if self.compress == "always":
             return "compressed"
-        if self._mixed():  # compressed when some cross-domain pair gains; _coded picks the pairs
-            per = max(nbytes // self.world, 1)
-            return "compressed" if any(self.policy.pair_pays(dtype, per, i, j) for i in range(self.world)
-                                       for j in range(i) if self._cross_pair(i, j)) else "raw"
+        if self._mixed:  # compressed when some cross-domain pair gains; _coded picks the pairs
+            return "compressed" if self.policy.any_pair_pays(dtype, max(nbytes // self.world, 1)) else "raw"
         plan = self.policy.choose(op, dtype, nbytes, self.world)
         # Native means torch.distributed's own op: only a one-domain group has it.
         return plan if self._torch or plan != "native" else "raw"
@@ -493,7 +492,7 @@ class Communicator:
         total = defaultdict(int)
         for t in ts:
             total[t.dtype] += t.nbytes
-        if self._mixed():
+        if self._mixed:
             if not self._cross(peer) or self.compress == "never":
                 return "raw"
             pays = self.compress == "always" or any(self.policy.pair_pays(dtype, n, self.rank, peer)
@@ -803,13 +802,6 @@ def _device_of(device, group) -> torch.device:
 
 
 def _private_group(parent, timeout: float):
-    """A new group of parent's ranks (only they take part in creating it),
-    with the Communicator's timeout as its own: gloo's ops and NCCL's
-    watchdog then give up when we do."""
-    try:
-        return dist.new_group(ranks=dist.get_process_group_ranks(parent), backend=dist.get_backend(parent),
-                              timeout=datetime.timedelta(seconds=timeout), use_local_synchronization=True)
-    except RuntimeError as e:  # the store's wait (DistStoreError) when a peer never constructs
-        if "timeout" in str(e).lower():
-            raise PeerTimeout(f"a peer did not construct its Communicator within {timeout:g} s") from e
-        raise
+    """A new group of parent's ranks: ops queued on our worker never share
+    tags or sequence numbers with the caller's own ops on theirs."""
+    return new_group_bounded(dist.get_process_group_ranks(parent), dist.get_backend(parent), timeout, "a peer")

@@ -6,7 +6,6 @@ Every rank publishes what it is (device kind, host, build) through the job's
 store at construction, so all ranks derive the same domains."""
 from __future__ import annotations
 
-import datetime
 import numbers
 import socket
 import time
@@ -16,8 +15,8 @@ import torch
 import torch.distributed as dist
 
 from .. import _C
-from .errors import MismatchError, PeerTimeout
-from .transport import TorchDistTransport
+from .errors import MismatchError
+from .transport import TorchDistTransport, new_group_bounded, swap_through_store
 
 
 def device_kind(device: torch.device) -> str:
@@ -29,19 +28,10 @@ def device_kind(device: torch.device) -> str:
 def rank_facts(group, device: torch.device, timeout: float, domains=None) -> List[dict]:
     """Every rank's {kind, host, build, domains (its domains= argument)},
     swapped through the job's store (keyed by the private group's unique name)."""
-    store = dist.distributed_c10d._get_default_store()
-    rank, world = dist.get_rank(group), dist.get_world_size(group)
-    prefix = f"pz/facts/{group.group_name}/"
     me = f"{device_kind(device)}|{socket.gethostname()}|{_C.backend}:{_C.format_version}|{_canonical(domains)}"
-    store.set(prefix + str(rank), me)
-    keys = [prefix + str(j) for j in range(world)]
-    try:
-        store.wait(keys, datetime.timedelta(seconds=timeout))
-    except Exception as e:  # noqa: BLE001 - the store's timeout error type varies by torch version
-        raise PeerTimeout(f"a peer did not publish its device facts within {timeout:g} s ({e})") from None
     out = []
-    for k in keys:
-        kind, host, build, doms = store.get(k).decode().split("|")
+    for v in swap_through_store(group, "facts", me, timeout, "its device facts"):
+        kind, host, build, doms = v.decode().split("|")
         out.append({"kind": kind, "host": host, "build": build, "domains": doms})
     return out
 
@@ -106,14 +96,7 @@ def check_facts(facts: List[dict]) -> None:
 def domain_group(parent_ranks: List[int], members: List[int], kind: str, timeout: float):
     """This rank's domain's torch group (NCCL/RCCL for GPUs, gloo for CPUs); only members call it."""
     backend = "nccl" if kind in ("cuda", "rocm") else "gloo"
-    try:
-        return dist.new_group(ranks=[parent_ranks[r] for r in members], backend=backend,
-                              timeout=datetime.timedelta(seconds=timeout), use_local_synchronization=True)
-    except RuntimeError as e:  # the store's wait (DistStoreError) when a domain peer never arrives
-        if "timeout" in str(e).lower() or "timed out" in str(e).lower():
-            raise PeerTimeout(f"a peer of domain {members} did not construct its Communicator within "
-                              f"{timeout:g} s") from e
-        raise
+    return new_group_bounded([parent_ranks[r] for r in members], backend, timeout, f"a peer of domain {members}")
 
 
 class RoutedTransport:

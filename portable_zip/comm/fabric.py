@@ -12,7 +12,6 @@ before the progress thread sleeps, default 2000; more on dedicated cores)."""
 from __future__ import annotations
 
 import os
-import socket
 from typing import List, Sequence
 
 import torch
@@ -21,7 +20,7 @@ import torch.distributed as dist
 from .. import _C
 from .errors import MismatchError, PeerError, PeerTimeout
 from .policy import FABRIC_COSTS
-from .transport import Op, as_bytes
+from .transport import Op, as_bytes, swap_through_store
 
 SEND, RECV, SEND_SIZED, RECV_SIZED = 0, 1, 2, 3
 
@@ -77,16 +76,9 @@ class FabricTransport:
     def connect(self, timeout: float) -> None:
         """Swap endpoint addresses through the job's store (the private group's
         name keys them, so Communicators never collide), then connect."""
-        store = dist.distributed_c10d._get_default_store()
-        prefix = f"pz/fabric/{self.group.group_name}/"
-        store.set(prefix + str(self.rank), self.engine.address())
-        keys = [prefix + str(j) for j in range(self.world)]
+        addrs = swap_through_store(self.group, "fabric", self.engine.address(), timeout, "its fabric address")
         try:
-            store.wait(keys, _td(timeout))
-        except Exception as e:  # noqa: BLE001 - the store's own timeout error type varies by torch version
-            raise PeerTimeout(f"fabric: a peer did not publish its address within {timeout:g} s ({e})") from None
-        try:
-            self.engine.connect([store.get(k) for k in keys])
+            self.engine.connect(addrs)
         except ValueError as e:
             raise MismatchError(str(e)) from None
 
@@ -133,11 +125,3 @@ class FabricTransport:
     def close(self) -> None:
         self.engine.close()
 
-
-def host_id() -> str:
-    return socket.gethostname()
-
-
-def _td(seconds: float):
-    import datetime
-    return datetime.timedelta(seconds=seconds)

@@ -95,6 +95,7 @@ class Policy:
         self.margin = 0.05 if m is None else m
         self.ratio = dict(PRIOR_RATIO)
         self.costs = TORCH_COSTS  # the Communicator sets its transport's
+        self.cross_pairs: tuple = ()  # mixed clusters: the rank pairs in different domains (the Communicator sets)
         self.cal: Optional[Calibration] = None
         self._decided: Dict[tuple, str] = {}
 
@@ -297,6 +298,18 @@ class Policy:
         coded = (max(stages) + piece / nbytes * (sum(stages) - max(stages)) + self.costs.p2p_rounds * c.alpha
                  + self.costs.host_exchange_s)
         return coded < raw * (1 - self.margin)
+
+    def any_pair_pays(self, dtype: torch.dtype, nbytes: int) -> bool:
+        """Whether some pair of self.cross_pairs gains from compressing nbytes
+        (cached like choose(): it is on every mixed-cluster op's path)."""
+        key = ("pairs", dtype, nbytes, id(self.cal), self.ratio.get(dtype), self.margin)
+        hit = self._decided.get(key)
+        if hit is None:
+            hit = any(self.pair_pays(dtype, nbytes, i, j) for i, j in self.cross_pairs)
+            if len(self._decided) > 4096:
+                self._decided.clear()
+            self._decided[key] = hit
+        return hit
 
     def choose(self, op: str, dtype: torch.dtype, nbytes: int, world: int) -> str:
         key = (op, dtype, nbytes, world, id(self.cal), self.ratio.get(dtype), self.margin)

@@ -31,6 +31,34 @@ class Transport(Protocol):
     def exchange(self, sends, recvs, plan, timeout: float): ...
 
 
+def swap_through_store(group, topic: str, value, timeout: float, what: str) -> List[bytes]:
+    """Every rank's value (str or bytes) in group-rank order, swapped through
+    the job's store under the group's unique name, so any job (gloo-only
+    included) can rendezvous; a rank silent past timeout raises PeerTimeout."""
+    store = dist.distributed_c10d._get_default_store()
+    prefix = f"pz/{topic}/{group.group_name}/"
+    store.set(prefix + str(dist.get_rank(group)), value)
+    keys = [prefix + str(j) for j in range(dist.get_world_size(group))]
+    try:
+        store.wait(keys, datetime.timedelta(seconds=timeout))
+    except Exception as e:  # noqa: BLE001 - the store's timeout error type varies by torch version
+        raise PeerTimeout(f"a peer did not publish {what} within {timeout:g} s ({e})") from None
+    return [store.get(k) for k in keys]
+
+
+def new_group_bounded(ranks: List[int], backend, timeout: float, who: str):
+    """dist.new_group of global ranks (only they call it), with timeout as the
+    group's own, so gloo's ops and NCCL's watchdog give up when we do; a member
+    that never arrives raises PeerTimeout naming who was waited for."""
+    try:
+        return dist.new_group(ranks=ranks, backend=backend, timeout=datetime.timedelta(seconds=timeout),
+                              use_local_synchronization=True)
+    except RuntimeError as e:  # the store's wait (DistStoreError) when a member never constructs
+        if "timeout" in str(e).lower() or "timed out" in str(e).lower():
+            raise PeerTimeout(f"{who} did not construct its Communicator within {timeout:g} s") from e
+        raise
+
+
 def as_bytes(t: torch.Tensor) -> torch.Tensor:
     """A uint8 view of a contiguous tensor: every backend moves every dtype."""
     if not t.numel():  # an empty tensor may carry any stride (numpy's have 0), which view() rejects
