@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "device_api.h"
 #include "launch.h"
 #include "portable_zip/block.h"
 #if defined(PZ_WITH_FABRIC)
@@ -150,28 +151,34 @@ NB_MODULE(_C, m) {
     if (err) throw FormatError(decode_error_text(err));
   });
 
-  m.def("has_gpu", [] {
-#if defined(PZ_WITH_GPU)
-    return true;
-#else
-    return false;
-#endif
-  });
-  m.attr("backend") = PZ_BACKEND_NAME;
-  m.attr("archs") = PZ_ARCHS;
   m.attr("format_version") = fmt::kVersion;
   m.attr("lanes") = fmt::kLanes;
 
-#if defined(PZ_WITH_GPU)
+  // The GPU vendor's runtime is loaded at run time, by name ("cuda", "hip"),
+  // with the directory of device code the package ships beside _C.
+  auto vendor_of = [](const std::string& name) {
+    if (name == "cuda") return dev::Vendor::Cuda;
+    if (name == "hip") return dev::Vendor::Hip;
+    throw std::invalid_argument("unknown GPU vendor '" + name + "' (cuda or hip)");
+  };
+  m.def("gpu_load", [vendor_of](const std::string& vendor, const std::string& code_dir) {
+    return dev::load(vendor_of(vendor), code_dir);
+  });
+  m.def("gpu_vendor", [] { return std::string(dev::vendor_name(dev::vendor())); });
+  m.def("gpu_code_files", [vendor_of](const std::string& vendor, const std::string& code_dir) {
+    return dev::code_files(vendor_of(vendor), code_dir);
+  });
+  m.def("pick_cuda_image", &dev::pick_cuda_image);
+  m.def("gpu_image", &dev::loaded_image);
   m.def("compress_workspace_bytes", [](int dtype, uint64_t numel, const std::vector<int64_t>& shape) {
     return gpu_compress_workspace_bytes(plan(dtype, numel, shape));
   });
   m.def("compress_gpu", [](uintptr_t in, int dtype, uint64_t numel, const std::vector<int64_t>& shape, uintptr_t out,
-                           uintptr_t workspace, uintptr_t stream, int max_sms, int codec) {
+                           uintptr_t workspace, uintptr_t stream, int max_sms, int codec, int device) {
     check(gpu_compress(ptr<const uint8_t>(in), plan(dtype, numel, shape, codec), ptr<uint8_t>(out),
-                       ptr<void>(workspace), ptr<void>(stream), max_sms));
+                       ptr<void>(workspace), ptr<void>(stream), device, max_sms));
   }, nb::arg("in"), nb::arg("dtype"), nb::arg("numel"), nb::arg("shape"), nb::arg("out"), nb::arg("workspace"),
-     nb::arg("stream"), nb::arg("max_sms") = 0, nb::arg("codec") = 1);
+     nb::arg("stream"), nb::arg("max_sms") = 0, nb::arg("codec") = 1, nb::arg("device") = -1);
   // A batch of same-dtype tensors: one launch. shapes[j] is tensor j's shape.
   auto plans = [](int dtype, const std::vector<uint64_t>& numels, const std::vector<std::vector<int64_t>>& shapes,
                   int codec) {
@@ -187,27 +194,27 @@ NB_MODULE(_C, m) {
   });
   m.def("compress_gpu_batch", [plans](const std::vector<uintptr_t>& ins, int dtype, const std::vector<uint64_t>& numels,
                                       const std::vector<std::vector<int64_t>>& shapes, const std::vector<uintptr_t>& outs,
-                                      uintptr_t workspace, uintptr_t stream, int max_sms, int codec) {
+                                      uintptr_t workspace, uintptr_t stream, int max_sms, int codec, int device) {
     const auto hs = plans(dtype, numels, shapes, codec);
     if (ins.size() != hs.size() || outs.size() != hs.size()) throw std::invalid_argument("batch lists differ in length");
     std::vector<const uint8_t*> in(ins.size());
     std::vector<uint8_t*> out(outs.size());
     for (size_t j = 0; j < ins.size(); ++j) in[j] = ptr<const uint8_t>(ins[j]), out[j] = ptr<uint8_t>(outs[j]);
     check(gpu_compress_batch(in.data(), hs.data(), out.data(), static_cast<int>(hs.size()), ptr<void>(workspace),
-                             ptr<void>(stream), max_sms));
-  });
+                             ptr<void>(stream), device, max_sms));
+  }, nb::arg("ins"), nb::arg("dtype"), nb::arg("numels"), nb::arg("shapes"), nb::arg("outs"), nb::arg("workspace"),
+     nb::arg("stream"), nb::arg("max_sms") = 0, nb::arg("codec") = 1, nb::arg("device") = -1);
   m.def("decompress_gpu", [](nb::bytes head, uintptr_t in, uint64_t in_len, uintptr_t out, uintptr_t err,
-                             uintptr_t stream, int max_sms) {
+                             uintptr_t stream, int max_sms, int device) {
     check(gpu_decompress(ptr<const uint8_t>(in), parse(head, in_len), ptr<uint8_t>(out), ptr<uint32_t>(err),
-                         ptr<void>(stream), max_sms));
+                         ptr<void>(stream), device, max_sms));
   }, nb::arg("head"), nb::arg("in"), nb::arg("in_len"), nb::arg("out"), nb::arg("err"), nb::arg("stream"),
-     nb::arg("max_sms") = 0);
+     nb::arg("max_sms") = 0, nb::arg("device") = -1);
   m.def("device_info", [](int device) {
     int warp = 0, sms = 0;
     check(gpu_device_info(device, &warp, &sms));
     return nb::make_tuple(warp, sms);
   });
-#endif
 
 #if defined(PZ_WITH_FABRIC)
   // The fabric engine: Python posts whole transfers (kind, peer, pointer,

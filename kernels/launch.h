@@ -17,7 +17,8 @@ void set_last_error(const char* what, const char* detail);
 uint64_t cpu_compress(const uint8_t* in, const fmt::Header& h, uint8_t* out, int threads);
 uint32_t cpu_decompress(const uint8_t* in, const fmt::Header& h, uint8_t* out, int threads);
 
-// GPU (CUDA or HIP builds only). Workspace is device memory the launcher
+// GPU (whichever vendor runtime device_api.h loaded; device < 0 means the
+// calling thread's current device). Workspace is device memory the launcher
 // clears on the stream; decompress ORs DecodeError bits into *err (device).
 // gpu_compress and gpu_decompress take raw (codec 0) streams too: a kernel
 // copies the payload and computes or checks its checksums.
@@ -27,12 +28,14 @@ uint64_t gpu_compress_workspace_bytes(const fmt::Header& h);
 // workspace; with more than one tensor, 16-byte-aligned inputs).
 uint64_t gpu_compress_batch_workspace_bytes(const fmt::Header* hs, int n);
 int gpu_compress_batch(const uint8_t* const* ins, const fmt::Header* hs, uint8_t* const* outs, int n, void* workspace,
-                       void* stream, int max_sms);
-int gpu_compress(const uint8_t* in, const fmt::Header& h, uint8_t* out, void* workspace, void* stream, int max_sms);
-int gpu_decompress(const uint8_t* in, const fmt::Header& h, uint8_t* out, uint32_t* err, void* stream, int max_sms);
+                       void* stream, int device, int max_sms);
+int gpu_compress(const uint8_t* in, const fmt::Header& h, uint8_t* out, void* workspace, void* stream, int device,
+                 int max_sms);
+int gpu_decompress(const uint8_t* in, const fmt::Header& h, uint8_t* out, uint32_t* err, void* stream, int device,
+                   int max_sms);
 int gpu_device_info(int device, int* warp_size, int* sm_count);
 
-// Staging copies for the fabric engine (GPU builds only); handles are opaque.
+// Staging copies for the fabric engine; handles are opaque.
 // gpu_copy_async queues a copy (any direction) on stream and records ev after it.
 int gpu_set_device(int device);
 int gpu_stream_new(void** stream);

@@ -12,6 +12,7 @@ try:
 except ImportError as e:  # imported from a source checkout that has no built extension
     raise ImportError("portable_zip's compiled extension is missing: install the package (pip install .) and "
                       "import it from outside the source tree (or run python -P)") from e
+from . import _device
 from ._dtypes import CODEC_CODES, CODECS, code_of, dtype_of
 
 FormatError = _C.FormatError
@@ -38,9 +39,8 @@ def _check_tensor(t, what: str) -> None:
         raise ValueError(f"{what} has {t.dim()} dimensions; portable_zip supports at most {MAX_DIMS}")
     if t.device.type not in ("cpu", "cuda"):
         raise ValueError(f"{what} is on device {t.device}; portable_zip handles cpu and cuda (CUDA or ROCm) tensors")
-    if t.device.type == "cuda" and not _C.has_gpu():
-        raise ValueError(f"{what} is a GPU tensor but this portable_zip build is CPU-only (backend {_C.backend!r}); "
-                         "rebuild with nvcc or hipcc available")
+    if t.device.type == "cuda":
+        _device.require()  # loads the vendor runtime and kernels, or says what is missing
 
 
 def _resolved(t: torch.Tensor) -> torch.Tensor:
@@ -147,7 +147,8 @@ def _compress_padded(t: torch.Tensor, threads: Optional[int] = None, max_sms: in
     with torch.cuda.device(t.device):
         # Raw-stored tensors go through a kernel too: it copies and computes the payload's checksums.
         ws = torch.empty(_C.compress_workspace_bytes(code, numel, shape), dtype=torch.uint8, device=t.device)
-        _C.compress_gpu(t.data_ptr(), code, numel, shape, out.data_ptr(), ws.data_ptr(), _stream(), max_sms, codec)
+        _C.compress_gpu(t.data_ptr(), code, numel, shape, out.data_ptr(), ws.data_ptr(), _stream(), max_sms, codec,
+                        t.device.index)
     return out
 
 
@@ -233,7 +234,8 @@ def _decode_gpu(buf: torch.Tensor, head: bytes, info: dict, out: torch.Tensor, e
         buf = buf.clone()  # the decoder reads 16-byte-aligned segments
     with torch.cuda.device(buf.device):
         # Raw streams too: the kernel verifies the payload's checksums (and bools) as it copies.
-        _C.decompress_gpu(head, buf.data_ptr(), buf.numel(), out.data_ptr(), err.data_ptr(), _stream(), max_sms)
+        _C.decompress_gpu(head, buf.data_ptr(), buf.numel(), out.data_ptr(), err.data_ptr(), _stream(), max_sms,
+                          buf.device.index)
 
 
 def inspect(buf: torch.Tensor) -> dict:
@@ -290,7 +292,8 @@ def compress_batch(tensors: Sequence[torch.Tensor], *, trim: Optional[bool] = No
                 views.append(flat[at: at + cap])
                 at += cap
             _C.compress_gpu_batch([tensors[i].data_ptr() for i in idx], code, numels, shapes,
-                                  [v.data_ptr() for v in views], ws.data_ptr(), _stream(), sms, codec_id)
+                                  [v.data_ptr() for v in views], ws.data_ptr(), _stream(), sms, codec_id,
+                                  flat.device.index)
         for i, v in zip(idx, views):
             out[i] = v
     return [_trim(o) if (trim or (trim is None and o.device.type == "cpu")) else o for o in out]
@@ -317,12 +320,17 @@ def decompress_batch(bufs: Sequence[torch.Tensor], *, out: Optional[Sequence[tor
 
 
 def backend_info(device: Optional[int] = None) -> dict:
-    """Which backend this build has, its archs, and the device's warp size."""
+    """What this build carries and uses: the GPU vendor torch runs on
+    ("backend": cuda, hip or cpu when the build has no code for it), the
+    device code per vendor, and the device's warp size."""
     from . import __version__
 
+    v = _device.vendor()
+    usable = v != "cpu" and _device.has_code()
     info = {
-        "backend": _C.backend,
-        "archs": _C.archs.split(","),
+        "backend": v if usable else "cpu",
+        "archs": _device.archs(v) if usable else ["host"],
+        "device_code": {"cuda": _device.archs("cuda"), "hip": _device.archs("hip")},
         "version": __version__,
         "format_version": _C.format_version,
         "lanes": _C.lanes,
@@ -333,8 +341,10 @@ def backend_info(device: Optional[int] = None) -> dict:
         "fabric": "available" if not _C.fabric_probe() else "unavailable",
         "fabric_detail": _C.fabric_probe() or "libfabric loads",
     }
-    if _C.has_gpu() and torch.cuda.is_available():
+    if usable and torch.cuda.is_available():
+        _device.require()
         dev = torch.cuda.current_device() if device is None else device
         warp, sms = _C.device_info(dev)
-        info.update(warp_size=warp, sm_count=sms, device=torch.cuda.get_device_name(dev))
+        info.update(warp_size=warp, sm_count=sms, device=torch.cuda.get_device_name(dev),
+                    device_image=_C.gpu_image(dev) or None)  # the code file in use, once a kernel has run
     return info

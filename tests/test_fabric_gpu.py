@@ -7,12 +7,13 @@ import pytest
 import torch
 
 import fabric_workers
+import portable_zip as pz
 from portable_zip import _C
 from test_comm import ok
 from test_fabric import run
 
 pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available() or not _C.has_gpu() or bool(_C.fabric_probe()),
+              pytest.mark.skipif(not torch.cuda.is_available() or pz.backend_info()["backend"] == "cpu" or bool(_C.fabric_probe()),
                                  reason="needs a GPU build with the fabric transport")]
 
 

@@ -98,7 +98,6 @@ Engine::Engine(const Config& cfg) : cfg_(cfg) {
   open_provider();
   send_seq_.assign(cfg_.world, 0);
   recv_seq_.assign(cfg_.world, 0);
-#if defined(PZ_WITH_GPU)
   if (cfg_.device >= 0) {
     if (gpu_set_device(cfg_.device) || gpu_stream_new(&copy_stream_) || gpu_event_new(&order_event_)) {
       const std::string why = last_error_message();
@@ -106,9 +105,6 @@ Engine::Engine(const Config& cfg) : cfg_(cfg) {
       throw std::runtime_error("fabric staging: " + why);
     }
   }
-#else
-  if (cfg_.device >= 0) throw std::invalid_argument("this build has no GPU backend: the fabric engine stages CPU memory only");
-#endif
 }
 
 Engine::~Engine() { close(); }
@@ -314,7 +310,6 @@ uint64_t Engine::post(const std::vector<Op>& ops, void* user_stream) {
       xs.push_back(x);
     }
     b.left = static_cast<int>(xs.size());
-#if defined(PZ_WITH_GPU)
     // Staging copies run on our stream, after the caller's queued work: the
     // compress that fills a send, and any kernel still reading a receive buffer.
     if (device && gpu_stream_after(copy_stream_, user_stream, order_event_)) {
@@ -322,10 +317,6 @@ uint64_t Engine::post(const std::vector<Op>& ops, void* user_stream) {
       batches_.erase(id);
       throw std::runtime_error(std::string("fabric staging: ") + last_error_message());
     }
-#else
-    (void)device;
-    (void)user_stream;
-#endif
     for (auto* x : xs) incoming_.push_back(x);
   }
   work_cv_.notify_one();
@@ -382,7 +373,6 @@ bool Engine::start_chunk(Xfer* x) {
   if (p.inflight[dir] >= cfg_.depth) return false;
   if (x->staged && !p.slab) {
     const uint64_t bytes = 2ull * cfg_.depth * cfg_.chunk;
-#if defined(PZ_WITH_GPU)
     if (cfg_.device >= 0) {
       void* mem = nullptr;
       if (gpu_pinned_alloc(&mem, bytes)) throw std::runtime_error(last_error_message());
@@ -394,7 +384,6 @@ bool Engine::start_chunk(Xfer* x) {
         p.events.push_back(ev);
       }
     }
-#endif
     if (!p.slab) p.slab = static_cast<uint8_t*>(std::aligned_alloc(4096, bytes));
     if (!p.slab) throw std::runtime_error("fabric: out of memory for the staging ring");
     if (mr_local_) {
@@ -421,14 +410,12 @@ bool Engine::start_chunk(Xfer* x) {
   if (x->send() && x->staged) {
     c->state = Chunk::CopyOut;
     uint8_t* dst = slot_ptr(p, cfg_, c->slot);
-#if defined(PZ_WITH_GPU)
     if (x->op.device) {
       if (gpu_copy_async(dst, x->op.ptr + c->off, c->len, copy_stream_, p.events[c->slot]))
         throw std::runtime_error(last_error_message());
       copying_.push_back(c);
       return true;
     }
-#endif
     std::memcpy(dst, x->op.ptr + c->off, c->len);
     c->copy_done = true;
     copying_.push_back(c);
@@ -496,14 +483,12 @@ void Engine::on_wire_done(Chunk* c, uint64_t len) {
     }
     if (x->staged) {
       c->state = Chunk::CopyIn;
-#if defined(PZ_WITH_GPU)
       if (x->op.device) {
         if (gpu_copy_async(x->op.ptr + c->off, got, c->len, copy_stream_, c->pair->events[c->slot]))
           throw std::runtime_error(last_error_message());
         copying_.push_back(c);
         return;
       }
-#endif
       std::memcpy(x->op.ptr + c->off, got, c->len);
     }
   }
@@ -621,12 +606,10 @@ bool Engine::poll_copies() {
   for (size_t i = 0; i < copying_.size();) {
     Chunk* c = copying_[i];
     int done = c->copy_done ? 1 : 0;
-#if defined(PZ_WITH_GPU)
     if (!done) {
       done = gpu_event_done(c->pair->events[c->slot]);
       if (done < 0 || done == kRuntimeError) throw std::runtime_error(last_error_message());
     }
-#endif
     if (!done) {
       ++i;
       continue;
@@ -645,9 +628,7 @@ bool Engine::poll_copies() {
 }
 
 void Engine::run() {
-#if defined(PZ_WITH_GPU)
   if (cfg_.device >= 0) gpu_set_device(cfg_.device);
-#endif
   int idle = 0;
   for (;;) {
     {
@@ -725,32 +706,26 @@ void Engine::teardown() {
     if (r.ep) fi_close(&r.ep->fid);
     r.ep = nullptr;
   }
-#if defined(PZ_WITH_GPU)
   // Staging copies still queued touch user memory and the slots: let them end.
   for (int spin = 0; spin < 100000 && !copying_.empty(); ++spin) {
     copying_.erase(std::remove_if(copying_.begin(), copying_.end(), [](Chunk* c) {
       return c->copy_done || gpu_event_done(c->pair->events[c->slot]) != 0;
     }), copying_.end());
   }
-#endif
   copying_.clear();
   for (auto& kv : pairs_) {
     Pair& p = *kv.second;
     for (fid_mr* mr : p.mrs) fi_close(&mr->fid);
-#if defined(PZ_WITH_GPU)
     for (void* ev : p.events) gpu_event_free(ev);
     if (p.slab && p.pinned) gpu_pinned_free(p.slab);
-#endif
     if (p.slab && !p.pinned) std::free(p.slab);
     p.slab = nullptr;
     p.events.clear();
   }
   pairs_.clear();  // the transfers and chunks they held are leaked on purpose: the provider may still name them
   close_endpoints();
-#if defined(PZ_WITH_GPU)
   if (order_event_) gpu_event_free(order_event_);
   if (copy_stream_) gpu_stream_free(copy_stream_);
-#endif
   order_event_ = copy_stream_ = nullptr;
 }
 

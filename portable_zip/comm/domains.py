@@ -14,7 +14,7 @@ from typing import List, Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from .. import _C
+from .. import _C, _device
 from .errors import MismatchError
 from .transport import TorchDistTransport, new_group_bounded, swap_through_store
 
@@ -28,7 +28,8 @@ def device_kind(device: torch.device) -> str:
 def rank_facts(group, device: torch.device, timeout: float, domains=None) -> List[dict]:
     """Every rank's {kind, host, build, domains (its domains= argument)},
     swapped through the job's store (keyed by the private group's unique name)."""
-    me = f"{device_kind(device)}|{socket.gethostname()}|{_C.backend}:{_C.format_version}|{_canonical(domains)}"
+    build = _device.vendor() if _device.has_code() else "cpu"  # the device code this rank's build can run
+    me = f"{device_kind(device)}|{socket.gethostname()}|{build}:{_C.format_version}|{_canonical(domains)}"
     out = []
     for v in swap_through_store(group, "facts", me, timeout, "its device facts"):
         kind, host, build, doms = v.decode().split("|")

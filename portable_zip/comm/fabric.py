@@ -17,7 +17,7 @@ from typing import List, Sequence
 import torch
 import torch.distributed as dist
 
-from .. import _C
+from .. import _C, _device
 from .errors import MismatchError, PeerError, PeerTimeout
 from .policy import FABRIC_COSTS
 from .transport import Op, as_bytes, swap_through_store
@@ -53,6 +53,8 @@ class FabricTransport:
         self.device = device
         if device.type == "cpu":
             os.environ.setdefault("FI_HMEM", "system")  # a CPU rank: libfabric leaves CUDA/ROCr alone
+        else:
+            _device.require()  # the engine's staging copies use the vendor runtime
         provider = os.environ.get("PZ_FABRIC_PROVIDER", "")
         try:
             rails = _env_int("PZ_FABRIC_RAILS", 2)

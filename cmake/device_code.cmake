@@ -1,0 +1,198 @@
+# Device code for the kernels in kernels/gpu_kernels.cu, as files the
+# package loads at run time: sm_XY.cubin and compute_XY.ptx (NVIDIA),
+# amdgcn.hipfb (an AMD code-object bundle). Sets PZ_DEVICE_FILES and
+# PZ_BACKEND (the vendors built, ";"-separated, or "cpu").
+
+set(PZ_KERNEL_SRC "${CMAKE_CURRENT_SOURCE_DIR}/kernels/gpu_kernels.cu")
+file(GLOB PZ_DEVICE_DEPS "${CMAKE_CURRENT_SOURCE_DIR}/include/portable_zip/*.h"
+     "${CMAKE_CURRENT_SOURCE_DIR}/kernels/amdgcn_nogpulib.h")
+list(APPEND PZ_DEVICE_DEPS "${PZ_KERNEL_SRC}")
+set(PZ_DEVICE_DIR "${CMAKE_CURRENT_BINARY_DIR}/device")
+file(MAKE_DIRECTORY "${PZ_DEVICE_DIR}")
+set(PZ_DEVICE_FILES "")
+set(PZ_DEVICE_FLAGS -O3 -std=c++17 "-I${CMAKE_CURRENT_SOURCE_DIR}/include" "-I${CMAKE_CURRENT_SOURCE_DIR}/kernels")
+
+macro(pz_setting name default)
+  if(NOT ${name})
+    if(DEFINED ENV{${name}} AND NOT "$ENV{${name}}" STREQUAL "")
+      set(${name} "$ENV{${name}}")
+    else()
+      set(${name} "${default}")
+    endif()
+  endif()
+  string(REPLACE "," ";" ${name} "${${name}}")
+endmacro()
+
+find_program(PZ_NVCC nvcc HINTS /usr/local/cuda/bin)
+find_program(PZ_HIPCC hipcc HINTS /opt/rocm/bin)
+find_program(PZ_CLANG NAMES clang-19 clang HINTS /usr/lib/llvm-19/bin)
+pz_setting(PZ_CUDA_ROOT "")
+pz_setting(PZ_BACKEND "")
+if(PZ_BACKEND STREQUAL "" OR PZ_BACKEND STREQUAL "auto")
+  set(PZ_BACKEND "")
+  if(PZ_NVCC OR PZ_CUDA_ROOT)
+    list(APPEND PZ_BACKEND cuda)
+  endif()
+  if(PZ_HIPCC)
+    list(APPEND PZ_BACKEND hip)
+  endif()
+  if(NOT PZ_BACKEND)
+    set(PZ_BACKEND cpu)
+  endif()
+elseif(PZ_BACKEND STREQUAL "all")
+  set(PZ_BACKEND cuda hip)
+endif()
+foreach(b ${PZ_BACKEND})
+  if(NOT b MATCHES "^(cuda|hip|cpu)$")
+    message(FATAL_ERROR "PZ_BACKEND entries must be cuda, hip or cpu (got '${b}')")
+  endif()
+endforeach()
+list(LENGTH PZ_BACKEND pz_nvendors)
+if(pz_nvendors EQUAL 1 AND NOT PZ_BACKEND STREQUAL "cpu")
+  pz_setting(PZ_ARCHS "")
+  if(PZ_BACKEND STREQUAL "cuda" AND PZ_ARCHS)
+    set(PZ_CUDA_ARCHS "${PZ_ARCHS}")
+  elseif(PZ_BACKEND STREQUAL "hip" AND PZ_ARCHS)
+    set(PZ_HIP_ARCHS "${PZ_ARCHS}")
+  endif()
+endif()
+
+# --- NVIDIA -----------------------------------------------------------------
+if("cuda" IN_LIST PZ_BACKEND)
+  pz_setting(PZ_CUDA_ARCHS "80;90;100")
+  if(PZ_NVCC)
+    pz_setting(PZ_CUDA_COMPILER nvcc)
+  else()
+    pz_setting(PZ_CUDA_COMPILER clang)
+  endif()
+  list(SORT PZ_CUDA_ARCHS COMPARE NATURAL)
+  list(GET PZ_CUDA_ARCHS -1 pz_newest)
+  if(PZ_CUDA_COMPILER STREQUAL "nvcc")
+    if(NOT PZ_NVCC)
+      message(FATAL_ERROR "PZ_CUDA_COMPILER=nvcc but nvcc is not on PATH")
+    endif()
+    foreach(sm ${PZ_CUDA_ARCHS})
+      set(out "${PZ_DEVICE_DIR}/sm_${sm}.cubin")
+      add_custom_command(OUTPUT "${out}"
+        COMMAND "${PZ_NVCC}" ${PZ_DEVICE_FLAGS} -cubin -gencode arch=compute_${sm},code=sm_${sm} "${PZ_KERNEL_SRC}" -o "${out}"
+        DEPENDS ${PZ_DEVICE_DEPS} COMMENT "nvcc: sm_${sm} cubin" VERBATIM)
+      list(APPEND PZ_DEVICE_FILES "${out}")
+    endforeach()
+    set(out "${PZ_DEVICE_DIR}/compute_${pz_newest}.ptx")
+    add_custom_command(OUTPUT "${out}"
+      COMMAND "${PZ_NVCC}" ${PZ_DEVICE_FLAGS} -ptx -arch=compute_${pz_newest} "${PZ_KERNEL_SRC}" -o "${out}"
+      DEPENDS ${PZ_DEVICE_DEPS} COMMENT "nvcc: compute_${pz_newest} PTX" VERBATIM)
+    list(APPEND PZ_DEVICE_FILES "${out}")
+  elseif(PZ_CUDA_COMPILER STREQUAL "clang")
+    # clang-19 writes PTX (it knows sm_90 at most); the toolkit's ptxas turns
+    # it into each arch's cubin, newer archs from the sm_90 PTX.
+    if(NOT PZ_CLANG OR NOT EXISTS "${PZ_CUDA_ROOT}/bin/ptxas")
+      message(FATAL_ERROR "PZ_CUDA_COMPILER=clang needs clang-19 and PZ_CUDA_ROOT with bin/ptxas (ci/cuda_root makes one)")
+    endif()
+    set(pz_stub "${CMAKE_CURRENT_BINARY_DIR}/cuda_stub")
+    file(MAKE_DIRECTORY "${pz_stub}")
+    file(WRITE "${pz_stub}/curand_mtgp32_kernel.h" "// clang's CUDA wrapper includes it; the PyPI toolkit has no cuRAND\n")
+    set(pz_ptx_archs "")
+    foreach(sm ${PZ_CUDA_ARCHS})
+      if(sm GREATER 90)
+        set(v 90)
+      elseif(sm GREATER_EQUAL 80)
+        set(v 80)
+      else()
+        set(v ${sm})
+      endif()
+      list(APPEND pz_ptx_archs ${v})
+      set(pz_ptx_of_${sm} ${v})
+    endforeach()
+    list(REMOVE_DUPLICATES pz_ptx_archs)
+    foreach(v ${pz_ptx_archs})
+      set(out "${PZ_DEVICE_DIR}/compute_${v}.ptx")
+      add_custom_command(OUTPUT "${out}"
+        COMMAND "${PZ_CLANG}" -x cuda "--cuda-path=${PZ_CUDA_ROOT}" --cuda-device-only --cuda-gpu-arch=sm_${v} -S
+                ${PZ_DEVICE_FLAGS} "-I${pz_stub}" -Wno-unknown-cuda-version "${PZ_KERNEL_SRC}" -o "${out}"
+        DEPENDS ${PZ_DEVICE_DEPS} COMMENT "clang: compute_${v} PTX" VERBATIM)
+      set(pz_ptx_file_${v} "${out}")
+    endforeach()
+    foreach(sm ${PZ_CUDA_ARCHS})
+      set(out "${PZ_DEVICE_DIR}/sm_${sm}.cubin")
+      set(ptx "${pz_ptx_file_${pz_ptx_of_${sm}}}")
+      add_custom_command(OUTPUT "${out}"
+        COMMAND "${PZ_CUDA_ROOT}/bin/ptxas" -O3 -arch=sm_${sm} "${ptx}" -o "${out}"
+        DEPENDS "${ptx}" COMMENT "ptxas: sm_${sm} cubin" VERBATIM)
+      list(APPEND PZ_DEVICE_FILES "${out}")
+    endforeach()
+    # Only the newest PTX ships: the driver compiles it for GPUs newer than every cubin.
+    list(GET pz_ptx_archs -1 v)
+    list(APPEND PZ_DEVICE_FILES "${pz_ptx_file_${v}}")
+  else()
+    message(FATAL_ERROR "PZ_CUDA_COMPILER must be nvcc or clang (got '${PZ_CUDA_COMPILER}')")
+  endif()
+  message(STATUS "portable_zip NVIDIA device code: ${PZ_CUDA_COMPILER}, sm ${PZ_CUDA_ARCHS}")
+endif()
+
+# --- AMD --------------------------------------------------------------------
+if("hip" IN_LIST PZ_BACKEND)
+  if(PZ_HIPCC)
+    pz_setting(PZ_HIP_COMPILER hipcc)
+  else()
+    pz_setting(PZ_HIP_COMPILER clang)
+  endif()
+  set(out "${PZ_DEVICE_DIR}/amdgcn.hipfb")
+  if(PZ_HIP_COMPILER STREQUAL "hipcc")
+    pz_setting(PZ_HIP_ARCHS "gfx90a;gfx940;gfx1030")  # what ROCm 5.2's device libraries know
+    set(pz_offload "")
+    foreach(a ${PZ_HIP_ARCHS})
+      list(APPEND pz_offload "--offload-arch=${a}")
+    endforeach()
+    add_custom_command(OUTPUT "${out}"
+      COMMAND ${CMAKE_COMMAND} -E env HIP_PLATFORM=amd "${PZ_HIPCC}" -x hip --cuda-device-only ${pz_offload}
+              ${PZ_DEVICE_FLAGS} -Wno-unused-command-line-argument "${PZ_KERNEL_SRC}" -o "${out}"
+      DEPENDS ${PZ_DEVICE_DEPS} COMMENT "hipcc: ${PZ_HIP_ARCHS}" VERBATIM)
+  elseif(PZ_HIP_COMPILER STREQUAL "clang")
+    # One code object per target, then one bundle. -nogpulib: no ROCm device
+    # library is linked (amdgcn_nogpulib.h stands in). Generic targets need
+    # code object v6 (ROCm >= 6.2 loads them); the rest use clang's v5.
+    pz_setting(PZ_HIP_ARCHS "gfx90a;gfx942;gfx1030;gfx1100;gfx1201;gfx9-generic;gfx10-3-generic;gfx11-generic;gfx12-generic")
+    find_program(PZ_BUNDLER NAMES clang-offload-bundler-19 clang-offload-bundler HINTS /usr/lib/llvm-19/bin)
+    if(NOT PZ_CLANG OR NOT PZ_BUNDLER)
+      message(FATAL_ERROR "PZ_HIP_COMPILER=clang needs clang-19, lld-19 and clang-offload-bundler (apt: clang-19 lld-19)")
+    endif()
+    set(pz_objects "")
+    set(pz_targets "host-x86_64-unknown-linux-gnu")
+    set(pz_inputs "-input=/dev/null")
+    foreach(a ${PZ_HIP_ARCHS})
+      set(obj "${CMAKE_CURRENT_BINARY_DIR}/amdgcn/${a}.co")
+      set(cov "")
+      if(a MATCHES "generic$")
+        set(cov -mcode-object-version=6)
+      endif()
+      add_custom_command(OUTPUT "${obj}"
+        COMMAND "${PZ_CLANG}" -x hip --offload-arch=${a} ${cov} --cuda-device-only --no-gpu-bundle-output -nogpulib
+                -fuse-ld=lld -D__HIP_PLATFORM_AMD__ ${PZ_DEVICE_FLAGS}
+                -include "${CMAKE_CURRENT_SOURCE_DIR}/kernels/amdgcn_nogpulib.h" "${PZ_KERNEL_SRC}" -o "${obj}"
+        DEPENDS ${PZ_DEVICE_DEPS} COMMENT "clang: ${a} code object" VERBATIM)
+      list(APPEND pz_objects "${obj}")
+      list(APPEND pz_targets "hipv4-amdgcn-amd-amdhsa--${a}")
+      list(APPEND pz_inputs "-input=${obj}")
+    endforeach()
+    file(MAKE_DIRECTORY "${CMAKE_CURRENT_BINARY_DIR}/amdgcn")
+    string(REPLACE ";" "," pz_targets "${pz_targets}")
+    add_custom_command(OUTPUT "${out}"
+      COMMAND "${PZ_BUNDLER}" -type=o "-targets=${pz_targets}" ${pz_inputs} "-output=${out}"
+      DEPENDS ${pz_objects} COMMENT "bundling ${PZ_HIP_ARCHS}" VERBATIM)
+  else()
+    message(FATAL_ERROR "PZ_HIP_COMPILER must be hipcc or clang (got '${PZ_HIP_COMPILER}')")
+  endif()
+  list(APPEND PZ_DEVICE_FILES "${out}")
+  message(STATUS "portable_zip AMD device code: ${PZ_HIP_COMPILER}, ${PZ_HIP_ARCHS}")
+endif()
+
+if(PZ_DEVICE_FILES)
+  add_custom_target(device_code ALL DEPENDS ${PZ_DEVICE_FILES})
+endif()
+# A CPU-only build on a machine with a GPU is almost always a missing compiler.
+if(PZ_BACKEND STREQUAL "cpu" AND (EXISTS /dev/nvidiactl OR EXISTS /dev/kfd))
+  message(WARNING "portable_zip: building with NO GPU code on a machine with a GPU (no nvcc, hipcc or "
+                  "PZ_CUDA_ROOT found). GPU tensors will raise. Install the prebuilt wheel, or set PZ_BACKEND.")
+endif()
+message(STATUS "portable_zip device code: ${PZ_BACKEND}")

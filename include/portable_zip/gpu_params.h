@@ -1,0 +1,79 @@
+// What the GPU kernels and their host launcher share: launch parameters,
+// CTA shape and shared-memory sizes. Plain C++: the launcher is host code
+// that loads the kernels at run time (kernels/gpu_launch.cpp).
+#pragma once
+#include <stdint.h>
+
+#include "block.h"
+
+namespace pz::gpu {
+
+constexpr int kGroupsPerCta = 2;
+constexpr int kCtaThreads = kGroupsPerCta * fmt::kLanes;
+static_assert(kCtaThreads % PZ_MAX_WARP_SIZE == 0, "a CTA must fill whole wave64s");
+
+// One tensor to compress.
+struct CompressParams {
+  const uint8_t* in;
+  uint8_t* out;
+  uint64_t* status;   // one look-back word per ticket of this tensor, zeroed
+  fmt::Header h;
+  uint8_t header[fmt::kMaxHeaderBytes + fmt::kAlign];  // pre-serialized, total left 0
+};
+
+// One launch compresses one tensor (`one`) or a batch of same-dtype tensors
+// (`jobs`, in device memory): CTA tickets run over the tensors' blocks in
+// order, ticket_end[j] being the first ticket after tensor j.
+struct CompressLaunch {
+  CompressParams one;
+  const CompressParams* jobs;
+  const uint64_t* ticket_end;
+  uint32_t njobs;
+  uint32_t* ticket;   // zeroed; hands out CTA tickets in launch order
+};
+static_assert(sizeof(CompressParams) % 8 == 0, "staged into shared memory in 4-byte words");
+
+struct DecompressParams {
+  const uint8_t* in;
+  uint8_t* out;
+  uint32_t* err;
+  fmt::Header h;
+};
+
+// A stream stored raw (codec 0). Encode: in is the tensor, out the stream,
+// header its serialized bytes through raw_begin. Decode: in is the stream.
+struct RawParams {
+  const uint8_t* in;
+  uint8_t* out;
+  uint32_t* err;
+  fmt::Header h;
+  uint8_t header[fmt::kMaxHeaderBytes + fmt::kAlign];
+};
+
+// Shared memory per group for compress: the encode table (whose first 1 KB
+// holds the merged counts until the table is built), frequency scratch (the
+// fixed code's symbol -> code map), then an 8 KB staging buffer for the
+// block's segment. A segment that does not fit (stored blocks, and coded ones
+// over 8 KB: rare for data that compresses) is written straight to its final
+// place after the look-back instead: stored symbols are split again from the
+// input, an oversized coded body is encoded a second time. A small buffer buys
+// occupancy: 20 warps per SM instead of 10.
+//
+// Pass 1 counts into 16 histograms of 16-bit pairs laid out [word][lane & 15]:
+// a lane shares its histogram only with lane ^ 16, and lanes hitting one bank
+// are at most two (skewed data sends most lanes to one symbol). They live in
+// the staging buffer: dead before the table bytes or a coded word land there.
+constexpr uint32_t kHistReplicas = 16;
+constexpr uint64_t kHistBytes = 128 * kHistReplicas * 4;
+constexpr uint64_t kMaxTableBytes = 1 + 32 + 2 * 256;
+constexpr uint64_t kCompressTableBytes = 256 * 8 + 256 * 2;           // encode table + frequencies
+constexpr uint32_t kStagingBytes = 8192;
+static_assert(kHistBytes <= kStagingBytes, "histograms alias the staging buffer");
+PZ_HOST_DEVICE constexpr uint64_t compress_smem_per_group(int) { return kCompressTableBytes + kStagingBytes; }
+
+// Decoder: encode-order table, frequencies, slot->symbol lookup. (Staging the
+// coded words in a shared-memory window measured slower at >= 256 MiB: see
+// bench/NOTES.md.)
+constexpr uint64_t kDecompressSmemPerGroup = 4 * 256 + 2 * 256 + fmt::kProbScale + 16;
+
+}  // namespace pz::gpu

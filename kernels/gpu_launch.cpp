@@ -1,0 +1,248 @@
+// GPU launchers: plain host C++. The kernels live in the device module
+// (gpu_kernels.cu, loaded at run time through device_api.h) and are found by
+// name (kernel_names.h), so this file serves CUDA and HIP alike.
+#include <map>
+#include <mutex>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "device_api.h"
+#include "kernel_names.h"
+#include "launch.h"
+#include "portable_zip/gpu_params.h"
+
+namespace pz {
+
+static int fail(int e, const char* what) {
+  set_last_error(what, dev::error_text(e).c_str());
+  return kRuntimeError;
+}
+
+// A kernel ready to launch on the calling thread's device (device < 0: the
+// current one): resolved, its shared-memory limit raised, and its CTAs per
+// SM and the SM count known. Cached per (device, kernel, smem): the launch
+// path makes no queries after the first.
+struct Ready {
+  dev::Function f = nullptr;
+  unsigned per_sm_cap = 0;  // SMs x CTAs per SM
+  int sms = 0;
+  int per_sm = 0;
+};
+
+static int ready(int device, const std::string& name, uint64_t smem, Ready* r) {
+  int e = device >= 0 ? 0 : dev::current_device(&device);
+  if (e) return fail(e, "finding the current device");
+  static std::mutex mu;
+  static std::map<std::tuple<int, std::string, uint64_t>, Ready> cache;
+  const auto key = std::make_tuple(device, name, smem);
+  {
+    std::lock_guard<std::mutex> lk(mu);
+    auto it = cache.find(key);
+    if (it != cache.end()) {
+      *r = it->second;
+      const int ue = dev::use_device(device);
+      return ue ? fail(ue, "selecting the device") : static_cast<int>(kOk);
+    }
+  }
+  e = dev::kernel(device, name, &r->f);  // also makes the device current
+  if (e) return fail(e, "loading the GPU kernels");
+  if (smem > 48 * 1024 && (e = dev::set_max_dynamic_smem(r->f, static_cast<int>(smem))))
+    return fail(e, "raising a kernel's shared-memory limit");
+  if ((e = dev::attribute(device, dev::Attr::SmCount, &r->sms)) ||
+      (e = dev::occupancy(r->f, gpu::kCtaThreads, smem, &r->per_sm)))
+    return fail(e, "sizing the grid");
+  std::lock_guard<std::mutex> lk(mu);
+  cache[key] = *r;
+  return kOk;
+}
+
+// Persistent grid: as many CTAs as fit at once on max_sms SMs (all when <= 0),
+// never more than there is work for.
+static unsigned persistent_grid(const Ready& r, uint64_t work, int max_sms) {
+  const int sms = max_sms > 0 && max_sms < r.sms ? max_sms : r.sms;
+  const uint64_t cap = static_cast<uint64_t>(sms) * static_cast<uint64_t>(r.per_sm > 0 ? r.per_sm : 1);
+  return static_cast<unsigned>(work < cap ? work : cap);
+}
+
+template <class P>
+static int run(const Ready& r, unsigned grid, uint64_t smem, void* stream, P& params, const char* what) {
+  const int e = dev::launch(r.f, grid, gpu::kCtaThreads, smem, stream, &params);
+  return e ? fail(e, what) : static_cast<int>(kOk);
+}
+
+static uint64_t tickets_of(const fmt::Header& h) {
+  return (fmt::layout_of(h).nblocks + gpu::kGroupsPerCta - 1) / gpu::kGroupsPerCta;
+}
+
+// Workspace: ticket counter (16 B), look-back status words of every tensor,
+// then, for a batch, its parameter table and ticket ends. The first two are
+// cleared on the stream; the table is copied in.
+uint64_t gpu_compress_batch_workspace_bytes(const fmt::Header* hs, int n) {
+  uint64_t tickets = 0;
+  for (int j = 0; j < n; ++j) tickets += tickets_of(hs[j]);
+  const uint64_t table = n > 1 ? fmt::align_up(8 * tickets, 16) + n * sizeof(gpu::CompressParams) + 8ull * n : 8 * tickets;
+  return 16 + table;
+}
+
+uint64_t gpu_compress_workspace_bytes(const fmt::Header& h) { return gpu_compress_batch_workspace_bytes(&h, 1); }
+
+int gpu_compress_batch(const uint8_t* const* ins, const fmt::Header* hs, uint8_t* const* outs, int n, void* workspace,
+                       void* stream, int device, int max_sms) {
+  if (n < 1) return kOk;
+  bool aligned = true;
+  for (int j = 0; j < n; ++j) {
+    const fmt::Header& h = hs[j];
+    if (h.codec == fmt::Codec::Raw || h.block_log2 > fmt::kEncoderMaxBlockLog2 || h.dtype != hs[0].dtype ||
+        h.codec != hs[0].codec || !gpu::dtype_token(h.dtype) || reinterpret_cast<uintptr_t>(outs[j]) % fmt::kAlign) {
+      set_last_error("gpu_compress: needs coded headers of one dtype and codec, block_log2 <= 14, 16-byte aligned outputs", "");
+      return kBadArgument;
+    }
+    // 16-byte vector loads need 16-byte-aligned inputs (a view may start anywhere).
+    aligned = aligned && reinterpret_cast<uintptr_t>(ins[j]) % 16 == 0;
+  }
+  if (n > 1 && !aligned) {
+    set_last_error("gpu_compress_batch: batched inputs must be 16-byte aligned", "");
+    return kBadArgument;
+  }
+  if (reinterpret_cast<uintptr_t>(workspace) % 16) {
+    set_last_error("gpu_compress: the workspace must be 16-byte aligned", "");
+    return kBadArgument;
+  }
+  // Single tensors read their parameters from the launch (no staging): a
+  // separate kernel, 13% faster at 256 MiB than the batched one. Batches take
+  // aligned inputs only (callers send the rest one by one).
+  const uint64_t smem = gpu::kGroupsPerCta * gpu::compress_smem_per_group(hs[0].block_log2);
+  Ready r;
+  if (const int rc = ready(device, gpu::compress_name(hs[0].dtype, aligned, hs[0].codec, n > 1), smem, &r)) return rc;
+  uint8_t* ws = static_cast<uint8_t*>(workspace);
+  std::vector<gpu::CompressParams> jobs(n);
+  std::vector<uint64_t> ends(n);
+  uint64_t tickets = 0;
+  for (int j = 0; j < n; ++j) {
+    gpu::CompressParams& p = jobs[j];
+    p.in = ins[j];
+    p.out = outs[j];
+    p.status = reinterpret_cast<uint64_t*>(ws + 16) + tickets;
+    p.h = hs[j];
+    fmt::write_header(hs[j], p.header);
+    ends[j] = tickets += tickets_of(hs[j]);
+  }
+  int e = dev::memset_async(ws, 0, 16 + 8 * tickets, stream);
+  if (e) return fail(e, "clearing the compress workspace");
+  gpu::CompressLaunch launch{};
+  launch.one = jobs[0];
+  launch.njobs = static_cast<uint32_t>(n);
+  launch.ticket = reinterpret_cast<uint32_t*>(ws);
+  if (n > 1) {  // pageable source: the copy is staged before the call returns
+    uint8_t* table = ws + fmt::align_up(16 + 8 * tickets, 16);
+    e = dev::memcpy_async(table, jobs.data(), n * sizeof(gpu::CompressParams), stream);
+    if (!e) e = dev::memcpy_async(table + n * sizeof(gpu::CompressParams), ends.data(), 8ull * n, stream);
+    if (e) return fail(e, "copying the batch table");
+    launch.jobs = reinterpret_cast<const gpu::CompressParams*>(table);
+    launch.ticket_end = reinterpret_cast<const uint64_t*>(table + n * sizeof(gpu::CompressParams));
+  }
+  return run(r, persistent_grid(r, tickets, max_sms), smem, stream, launch, "launching the compress kernel");
+}
+
+// Raw streams: one launch copies the payload and computes (encode) or checks
+// (decode) its chunk checksums; encode also writes the header, whose total
+// is known up front.
+static int gpu_raw(const uint8_t* in, const fmt::Header& h, uint8_t* out, uint32_t* err, bool encode, void* stream,
+                   int device, int max_sms) {
+  gpu::RawParams p{};
+  p.in = in;
+  p.out = out;
+  p.err = err;
+  p.h = h;
+  const fmt::Layout l = fmt::layout_of(h);
+  if (encode) {
+    p.h.total_bytes = l.coded_begin;
+    fmt::write_header(p.h, p.header);
+  }
+  const uint64_t chunks = (l.raw_end - l.raw_begin + (1ull << fmt::kRawChunkLog2) - 1) >> fmt::kRawChunkLog2;
+  if (!encode && chunks == 0) return kOk;
+  const bool vec = reinterpret_cast<uintptr_t>(encode ? in : out) % 16 == 0;
+  const bool is_bool = !encode && h.dtype == fmt::DType::Bool;
+  Ready r;
+  if (const int rc = ready(device, gpu::raw_name(encode, vec, is_bool), 0, &r)) return rc;
+  const uint64_t work = (chunks + gpu::kGroupsPerCta - 1) / gpu::kGroupsPerCta;
+  return run(r, persistent_grid(r, work > 0 ? work : 1, max_sms), 0, stream, p, "launching the raw-stream kernel");
+}
+
+int gpu_compress(const uint8_t* in, const fmt::Header& h, uint8_t* out, void* workspace, void* stream, int device,
+                 int max_sms) {
+  if (h.codec == fmt::Codec::Raw) {
+    if (reinterpret_cast<uintptr_t>(out) % fmt::kAlign) {
+      set_last_error("gpu_compress: the output must be 16-byte aligned", "");
+      return kBadArgument;
+    }
+    return gpu_raw(in, h, out, nullptr, true, stream, device, max_sms);
+  }
+  return gpu_compress_batch(&in, &h, &out, 1, workspace, stream, device, max_sms);
+}
+
+int gpu_decompress(const uint8_t* in, const fmt::Header& h, uint8_t* out, uint32_t* err, void* stream, int device,
+                   int max_sms) {
+  if (reinterpret_cast<uintptr_t>(in) % fmt::kAlign) {
+    set_last_error("gpu_decompress: needs a stream in a 16-byte-aligned buffer", "");
+    return kBadArgument;
+  }
+  if (h.codec == fmt::Codec::Raw) return gpu_raw(in, h, out, err, false, stream, device, max_sms);
+  if (!gpu::dtype_token(h.dtype)) {
+    set_last_error("gpu_decompress: a coded stream of a dtype that is never coded", "");
+    return kBadArgument;
+  }
+  const fmt::Layout l = fmt::layout_of(h);
+  gpu::DecompressParams p{in, out, err, h};
+  // The fixed code needs no shared tables, so its kernel runs at full occupancy.
+  const bool fixed = h.codec == fmt::Codec::Fixed;
+  const uint64_t smem = fixed ? 0 : gpu::kGroupsPerCta * gpu::kDecompressSmemPerGroup;
+  Ready r;
+  if (const int rc = ready(device, gpu::decompress_name(h.dtype, h.codec), smem, &r)) return rc;
+  const uint64_t grid = (l.nblocks + gpu::kGroupsPerCta - 1) / gpu::kGroupsPerCta;
+  return run(r, persistent_grid(r, grid, max_sms), smem, stream, p, "launching the decompress kernel");
+}
+
+int gpu_device_info(int device, int* warp_size, int* sm_count) {
+  int e = dev::attribute(device, dev::Attr::WarpSize, warp_size);
+  if (!e) e = dev::attribute(device, dev::Attr::SmCount, sm_count);
+  return e ? fail(e, "querying the device") : static_cast<int>(kOk);
+}
+
+// --- staging copies for the fabric engine ---------------------------------
+static int ok_or(int e, const char* what) { return e ? fail(e, what) : static_cast<int>(kOk); }
+
+int gpu_set_device(int device) { return ok_or(dev::use_device(device), "selecting the device"); }
+
+int gpu_stream_new(void** stream) { return ok_or(dev::stream_create(stream), "creating the staging stream"); }
+
+int gpu_stream_free(void* stream) { return ok_or(dev::stream_destroy(stream), "freeing a stream"); }
+
+int gpu_event_new(void** ev) { return ok_or(dev::event_create(ev), "creating an event"); }
+
+int gpu_event_free(void* ev) { return ok_or(dev::event_destroy(ev), "freeing an event"); }
+
+int gpu_copy_async(void* dst, const void* src, uint64_t n, void* stream, void* ev) {
+  int e = dev::memcpy_async(dst, src, n, stream);
+  if (!e) e = dev::event_record(ev, stream);
+  return ok_or(e, "queueing a staging copy");
+}
+
+int gpu_event_done(void* ev) {
+  const int e = dev::event_query(ev);
+  if (e == dev::kNotReady) return 0;
+  return e ? fail(e, "a staging copy failed") : 1;
+}
+
+int gpu_stream_after(void* stream, void* user_stream, void* ev) {
+  int e = dev::event_record(ev, user_stream);
+  if (!e) e = dev::stream_wait(stream, ev);
+  return ok_or(e, "ordering the staging stream after the caller's");
+}
+
+int gpu_pinned_alloc(void** p, uint64_t n) { return ok_or(dev::host_alloc(p, n), "allocating pinned staging memory"); }
+
+int gpu_pinned_free(void* p) { return ok_or(dev::host_free(p), "freeing pinned staging memory"); }
+
+}  // namespace pz

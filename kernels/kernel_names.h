@@ -1,0 +1,39 @@
+// The entry points of the device module, by name. kernels/gpu_kernels.cu
+// defines each as extern "C" (so no name mangling differs between compilers);
+// the host launcher resolves them when it loads the module, so a name missing
+// on either side fails there, loudly.
+#pragma once
+#include <string>
+
+#include "portable_zip/format.h"
+
+namespace pz::gpu {
+
+inline const char* dtype_token(fmt::DType d) {
+  switch (d) {
+    case fmt::DType::BFloat16: return "BFloat16";
+    case fmt::DType::Float16: return "Float16";
+    case fmt::DType::Float32: return "Float32";
+    case fmt::DType::Float8E4M3FN: return "Float8E4M3FN";
+    case fmt::DType::Float8E5M2: return "Float8E5M2";
+    default: return nullptr;  // not entropy-coded: no kernel
+  }
+}
+
+inline const char* codec_token(fmt::Codec c) { return c == fmt::Codec::Fixed ? "Fixed" : "Rans"; }
+
+// pz_compress_<dtype>_<aligned>_<codec>_<batched>, e.g. pz_compress_BFloat16_true_Rans_false
+inline std::string compress_name(fmt::DType d, bool aligned, fmt::Codec c, bool batched) {
+  return std::string("pz_compress_") + dtype_token(d) + (aligned ? "_true_" : "_false_") + codec_token(c) +
+         (batched ? "_true" : "_false");
+}
+
+inline std::string decompress_name(fmt::DType d, fmt::Codec c) {
+  return std::string("pz_decompress_") + dtype_token(d) + "_" + codec_token(c);
+}
+
+inline std::string raw_name(bool encode, bool vec, bool is_bool) {
+  return std::string("pz_raw_") + (encode ? "true_" : "false_") + (vec ? "true_" : "false_") + (is_bool ? "true" : "false");
+}
+
+}  // namespace pz::gpu

@@ -1,0 +1,74 @@
+"""Which GPU vendor this process uses, and its kernels.
+
+The extension links no vendor runtime. On first GPU use it loads the one
+torch runs on (CUDA's driver, or ROCm's HIP runtime) and the device code
+shipped in ``portable_zip/device/``: one cubin per NVIDIA arch plus PTX, and
+one AMD code-object bundle. A build without the vendor's code (a source
+build on a machine with no GPU compiler) warns once and raises a clear error.
+"""
+import os
+import re
+import warnings
+
+import torch
+
+from . import _C
+
+CODE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "device")
+_loaded = None  # the vendor whose runtime loaded
+
+
+def vendor() -> str:
+    """The GPU vendor torch runs on here: "cuda", "hip", or "cpu"."""
+    if getattr(torch.version, "hip", None):
+        return "hip"
+    if torch.version.cuda:
+        return "cuda"
+    return "cpu"
+
+
+def code_files(v: str) -> list:
+    return list(_C.gpu_code_files(v, CODE_DIR)) if v in ("cuda", "hip") else []
+
+
+def archs(v: str) -> list:
+    """The archs this build carries device code for (sm_XY, compute_XY, and for
+    AMD the bundle's targets, read from the bundle's index)."""
+    files = code_files(v)
+    if v == "cuda":
+        return [f.rsplit(".", 1)[0] for f in files]
+    out = []
+    for f in files:
+        with open(os.path.join(CODE_DIR, f), "rb") as fh:
+            head = fh.read(1 << 16)
+        out += [t.decode() for t in re.findall(rb"hipv4-amdgcn-amd-amdhsa--([\w.:+-]+)", head)]
+    return out
+
+
+def has_code() -> bool:
+    """True when this build carries device code for the vendor torch runs on."""
+    return bool(code_files(vendor()))
+
+
+def require() -> None:
+    """Loads the vendor runtime and points it at the device code; raises a
+    ValueError that says what is missing and how to get it."""
+    global _loaded
+    if _loaded is not None:
+        return
+    v = vendor()
+    if v == "cpu":
+        raise ValueError("GPU tensor, but this torch has neither CUDA nor ROCm")
+    if not code_files(v):
+        other = "hip" if v == "cuda" else "cuda"
+        msg = (f"portable_zip was built without {'NVIDIA' if v == 'cuda' else 'AMD'} device code "
+               f"(this build carries: {', '.join(code_files(other)) or 'CPU code only'}), so it cannot run "
+               f"on this {v} GPU. Install the prebuilt wheel (pip install portable_zip), or build from source "
+               f"with {'nvcc or PZ_CUDA_ROOT' if v == 'cuda' else 'hipcc or clang-19'} available "
+               "(README: Install).")
+        warnings.warn(msg, RuntimeWarning, stacklevel=3)
+        raise ValueError(msg)
+    why = _C.gpu_load(v, CODE_DIR)
+    if why:
+        raise ValueError(f"portable_zip cannot use the GPU: {why}")
+    _loaded = v
