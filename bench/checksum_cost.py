@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 import portable_zip as pz
-from portable_zip.benchmarks import machine_info
+from portable_zip.bench.common import machine_info
 
 
 def timed(fn, reps: int) -> tuple:

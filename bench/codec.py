@@ -10,7 +10,7 @@ A reference that is missing is reported as an error row, not a failure.
 """
 import sys
 
-from portable_zip.codec_bench import main
+from portable_zip.bench.codec import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -9,8 +9,8 @@ import json
 import os
 import sys
 
-from portable_zip import comm_bench
-from portable_zip.benchmarks import machine_info, parse_size, print_table
+from portable_zip.bench import comm as comm_bench
+from portable_zip.bench.common import machine_info, parse_size, print_table
 
 
 def main():

@@ -40,8 +40,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from portable_zip import comm_bench
-from portable_zip.benchmarks import fmt_size, machine_info, parse_size, print_table
+from portable_zip.bench import comm as comm_bench
+from portable_zip.bench.common import fmt_size, machine_info, parse_size, print_table
 
 NCCL_SOCKET = {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1", "NCCL_NET": "Socket", "NCCL_SOCKET_IFNAME": "lo",
                "NCCL_IB_DISABLE": "1", "NCCL_NVLS_ENABLE": "0"}

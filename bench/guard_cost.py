@@ -15,8 +15,8 @@ import os
 import torch
 import torch.distributed as dist
 
-from portable_zip import comm_bench
-from portable_zip.benchmarks import machine_info, print_table
+from portable_zip.bench import comm as comm_bench
+from portable_zip.bench.common import machine_info, print_table
 
 
 def _worker(rank, world, reps, numel):

@@ -10,8 +10,8 @@ import argparse
 import torch
 import torch.distributed as dist
 
-from portable_zip import comm_bench
-from portable_zip.benchmarks import report
+from portable_zip.bench import comm as comm_bench
+from portable_zip.bench.common import report
 
 LAYERS, KV_HEADS, HEAD_DIM, BLOCK = 32, 8, 128, 16
 

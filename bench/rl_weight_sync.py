@@ -10,8 +10,8 @@ import argparse
 import torch
 import torch.distributed as dist
 
-from portable_zip import comm_bench
-from portable_zip.benchmarks import report
+from portable_zip.bench import comm as comm_bench
+from portable_zip.bench.common import report
 
 MODELS = {  # hidden, layers, ffn, vocab, kv_heads, heads  (Llama-3.2-1B, Llama-3.1-8B)
     "1b": (2048, 16, 8192, 128256, 8, 32),

@@ -25,6 +25,7 @@ echo "build_v2 rc=$?" >> "$OUT/steps.txt"
 wait
 echo "builds done after $(( $(date +%s) - t0 )) s" | tee -a "$OUT/steps.txt"
 args=(--systems ours --sizes 4MiB,256MiB,1GiB --tensors "bf16 N(0,0.02^2)" --dtype-size '' --batch-size '' --reps 20)
+# v1's tree predates portable_zip/bench/: its codec bench is still the module portable_zip.codec_bench.
 for round in 1 2; do
   (cd /tmp && PYTHONPATH=/tmp/v1 python3 -P -m portable_zip.codec_bench "${args[@]}" --json "$OUT/v1-r$round.json") \
     > "$OUT/bench_v1_r$round.log" 2>&1 || true

@@ -28,7 +28,7 @@ def main(argv=None) -> int:
 
     args = p.parse_args(argv)
     if args.cmd == "demo":
-        from .demo import run
+        from .bench.demo import run
 
         return run(layers=args.layers, hidden=args.hidden)
     if args.cmd == "bench":
@@ -41,11 +41,11 @@ def main(argv=None) -> int:
 def _bench_codec(args) -> int:
     import torch
 
-    from .benchmarks import codec_rows, parse_size, print_table, write_json
+    from .bench.common import codec_rows, parse_size, print_table, write_json
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda":  # ours vs nvCOMP vs DietGPU, side by side (bench/codec.py)
-        from . import codec_bench
+        from .bench import codec as codec_bench
 
         argv = ["--systems", args.systems, "--sizes", args.size or codec_bench.DEFAULT_SIZES,
                 "--reps", str(args.reps or 20), "--max-sms", args.max_sms]

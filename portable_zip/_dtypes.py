@@ -12,7 +12,10 @@ _NAMES = {
 # Some builds of torch lack some dtypes; map only those that exist.
 CODE_TO_DTYPE = {c: getattr(torch, n) for c, n in _NAMES.items() if hasattr(torch, n)}
 DTYPE_TO_CODE = {d: c for c, d in CODE_TO_DTYPE.items()}
-CODED = {torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn, torch.float8_e5m2}
+# The dtypes the codec compresses (the rest are stored raw), defined here only.
+# Ordered: the policy packs per-dtype calibration figures in this order, so it
+# must be the same on every rank (and stay so).
+CODED = (torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn, torch.float8_e5m2)
 CODECS = {0: "raw", 1: "rans", 2: "fixed"}
 CODEC_CODES = {"rans": 1, "fixed": 2}
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ._dtypes import CODED as _CODED_DTYPES, code_of
+
 MAGIC = b"PZIP"
 VERSION = 2
 RAW_CHUNK = 1 << 16  # bytes of raw payload per checksum
@@ -18,7 +20,7 @@ STATE_LOW = 1 << 16
 ALIGN = 16
 
 BF16, FP16, FP32, E4M3, E5M2 = 1, 2, 3, 4, 5
-CODED = {BF16, FP16, FP32, E4M3, E5M2}
+CODED = frozenset(code_of(d) for d in _CODED_DTYPES)  # format dtype codes of _dtypes.CODED
 ELEM = {1: 2, 2: 2, 3: 4, 4: 1, 5: 1, 6: 8, 7: 1, 8: 1, 9: 2, 10: 4, 11: 8, 12: 1, 13: 8, 14: 16,
         15: 1, 16: 1, 17: 2, 18: 4, 19: 8, 20: 4, 21: 1}
 

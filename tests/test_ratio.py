@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 import portable_zip as pz
-from portable_zip.bench_data import BAR, make_tensor, exponent_entropy_bound
+from portable_zip.bench.data import BAR, make_tensor, exponent_entropy_bound
 
 
 @pytest.mark.parametrize("name", sorted(BAR))

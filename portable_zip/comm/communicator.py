@@ -14,13 +14,13 @@ from typing import Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from .._dtypes import code_of
+from .._dtypes import CODED, code_of
 from ..codec import _overlap
 from . import collectives as coll
 from .collectives import ReduceOp
 from . import wire
 from .errors import MismatchError, PeerError, PeerTimeout
-from .policy import CODED, TORCH_COSTS, Policy
+from .policy import TORCH_COSTS, Policy
 from . import domains as dom
 from . import fabric
 from .transport import TorchDistTransport, movable, new_group_bounded

@@ -22,10 +22,10 @@ import torch
 import torch.distributed as dist
 
 from .. import codec
+from .._dtypes import CODED
 from .transport import Transport
 from .wire import piece_bytes
 
-CODED = (torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn, torch.float8_e5m2)
 PRIOR_RATIO = {torch.bfloat16: 0.67, torch.float16: 0.85, torch.float32: 0.84,
                torch.float8_e4m3fn: 0.78, torch.float8_e5m2: 0.70}
 # group -> {overrides: (Calibration, agreed margin)}; weak, so a destroyed

@@ -12,7 +12,7 @@ import torch.multiprocessing as mp
 
 import portable_zip as pz
 from portable_zip.comm.collectives import all_gather_native
-from portable_zip.comm_bench import free_port
+from portable_zip.bench.comm import free_port
 
 
 def state_dict(layers: int, hidden: int, vocab: int = 16_000, seed: int = 0) -> dict:

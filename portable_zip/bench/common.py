@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 import portable_zip as pz
-from .bench_data import BAR, TENSORS, exponent_entropy_bound, make_tensor, table_cost
+from .data import BAR, TENSORS, exponent_entropy_bound, make_tensor, table_cost
 
 
 def parse_size(s: str) -> int:
@@ -131,7 +131,7 @@ def codec_rows(device: str, nbytes: int, reps: int, names=None, seed=None) -> li
 def _decoder_launch(buf, out):
     """The decode launch of decompress(), with the header already parsed and the
     error flag left on the device: times the kernel, not the header read-back."""
-    from . import codec, _C
+    from .. import codec, _C
 
     head, _ = codec._header(buf)
     err = torch.zeros(1, dtype=torch.int32, device=buf.device)

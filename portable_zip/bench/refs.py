@@ -4,7 +4,7 @@ Each adapter takes a list of same-size input tensors (rotated so no rep hits
 L2) and returns (compress(i), decompress(i), compressed_bytes): the two
 callables enqueue one call on the current stream with every buffer allocated
 beforehand and no host synchronization, so device events time the kernels.
-Setup follows ../shared/ANCHORS.md.
+Setup follows ../../shared/ANCHORS.md.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ Prepared = Tuple[Callable[[int], None], Callable[[int], None], int]
 
 def ours(inputs: List[torch.Tensor], max_sms=None, codec_name: str = "rans") -> Prepared:
     import portable_zip as pz
-    from . import _C, codec
+    from .. import _C, codec
 
     codec_id = codec._codec_code(codec_name)
     bufs = [pz.compress(t, codec=codec_name) for t in inputs]

@@ -60,7 +60,7 @@ def table_cost(t: torch.Tensor, block_log2: int) -> dict:
     and benefit: local tables pay ~40-70 B per block but fit each block's
     statistics; a global table is paid once but fits no block exactly.
     """
-    from . import reference as ref
+    from .. import reference as ref
 
     sym, raw_bits = _symbols(t)
     sym = sym.astype(np.int64)

@@ -20,9 +20,9 @@ from typing import List, Optional
 
 import torch
 
-from .bench_data import TENSORS, exponent_entropy_bound
-from .benchmarks import fmt_size, machine_info, median_time, parse_size, print_table
-from .ref_codecs import LABELS, SYSTEMS
+from .common import fmt_size, machine_info, median_time, parse_size, print_table
+from .data import TENSORS, exponent_entropy_bound
+from .refs import LABELS, SYSTEMS
 
 DEFAULT_SIZES = "1MiB,4MiB,16MiB,64MiB,256MiB,1GiB"
 HEAD_TO_HEAD = "bf16 N(0,0.02^2)"
@@ -34,7 +34,7 @@ def device_median(fn, reps: int, sleep_cycles: int = 2_000_000) -> float:
 
 
 def gpu_tensor(name: str, nbytes: int, gen: torch.Generator) -> torch.Tensor:
-    """bench_data.make_tensor's distributions, drawn on the GPU (seconds instead of minutes at 1 GiB)."""
+    """data.make_tensor's distributions, drawn on the GPU (seconds instead of minutes at 1 GiB)."""
     dtype, dist, _ = TENSORS[name]
     n = nbytes // torch.empty(0, dtype=dtype).element_size()
     if dist == "uniform":
@@ -87,7 +87,7 @@ def measure(system: str, tensors: List[str], sizes: List[int], reps: int, seed: 
 def _child(system: str, tensors: str, sizes: str, reps: int, seed: int, max_sms: str = "") -> list:
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         path = f.name
-    cmd = [sys.executable, "-P", "-m", "portable_zip.codec_bench", "--worker", system, "--out", path,
+    cmd = [sys.executable, "-P", "-m", "portable_zip.bench.codec", "--worker", system, "--out", path,
            "--sizes", sizes, "--tensors", tensors, "--reps", str(reps), "--seed", str(seed), "--max-sms", max_sms]
     rc = subprocess.run(cmd).returncode
     rows = json.load(open(path)) if os.path.getsize(path) else []
