@@ -2,6 +2,14 @@
 # package loads at run time: sm_XY.cubin and compute_XY.ptx (NVIDIA),
 # amdgcn.hipfb (an AMD code-object bundle). Sets PZ_DEVICE_FILES and
 # PZ_BACKEND (the vendors built, ";"-separated, or "cpu").
+#
+# PZ_BACKEND: cuda, hip, "cuda;hip" (or "cuda,hip", "all"), or cpu; unset:
+# every vendor whose compiler is found. PZ_ARCHS sets a single vendor's archs.
+#   CUDA: PZ_CUDA_COMPILER=nvcc (the default when nvcc is on PATH) or nvrtc
+#     (PyPI's NVRTC, PZ_NVRTC=.../libnvrtc.so.12: ci/nvrtc). One cubin per
+#     PZ_CUDA_ARCHS entry, plus PTX for the newest.
+#   HIP: PZ_HIP_COMPILER=hipcc (the default when found) or clang (clang-19
+#     with -nogpulib). One code-object bundle for PZ_HIP_ARCHS.
 
 set(PZ_KERNEL_SRC "${CMAKE_CURRENT_SOURCE_DIR}/kernels/gpu_kernels.cu")
 file(GLOB PZ_DEVICE_DEPS "${CMAKE_CURRENT_SOURCE_DIR}/include/portable_zip/*.h"
@@ -26,11 +34,11 @@ endmacro()
 find_program(PZ_NVCC nvcc HINTS /usr/local/cuda/bin)
 find_program(PZ_HIPCC hipcc HINTS /opt/rocm/bin)
 find_program(PZ_CLANG NAMES clang-19 clang HINTS /usr/lib/llvm-19/bin)
-pz_setting(PZ_CUDA_ROOT "")
+pz_setting(PZ_NVRTC "")
 pz_setting(PZ_BACKEND "")
 if(PZ_BACKEND STREQUAL "" OR PZ_BACKEND STREQUAL "auto")
   set(PZ_BACKEND "")
-  if(PZ_NVCC OR PZ_CUDA_ROOT)
+  if(PZ_NVCC OR PZ_NVRTC)
     list(APPEND PZ_BACKEND cuda)
   endif()
   if(PZ_HIPCC)
@@ -63,7 +71,7 @@ if("cuda" IN_LIST PZ_BACKEND)
   if(PZ_NVCC)
     pz_setting(PZ_CUDA_COMPILER nvcc)
   else()
-    pz_setting(PZ_CUDA_COMPILER clang)
+    pz_setting(PZ_CUDA_COMPILER nvrtc)
   endif()
   list(SORT PZ_CUDA_ARCHS COMPARE NATURAL)
   list(GET PZ_CUDA_ARCHS -1 pz_newest)
@@ -83,49 +91,29 @@ if("cuda" IN_LIST PZ_BACKEND)
       COMMAND "${PZ_NVCC}" ${PZ_DEVICE_FLAGS} -ptx -arch=compute_${pz_newest} "${PZ_KERNEL_SRC}" -o "${out}"
       DEPENDS ${PZ_DEVICE_DEPS} COMMENT "nvcc: compute_${pz_newest} PTX" VERBATIM)
     list(APPEND PZ_DEVICE_FILES "${out}")
-  elseif(PZ_CUDA_COMPILER STREQUAL "clang")
-    # clang-19 writes PTX (it knows sm_90 at most); the toolkit's ptxas turns
-    # it into each arch's cubin, newer archs from the sm_90 PTX.
-    if(NOT PZ_CLANG OR NOT EXISTS "${PZ_CUDA_ROOT}/bin/ptxas")
-      message(FATAL_ERROR "PZ_CUDA_COMPILER=clang needs clang-19 and PZ_CUDA_ROOT with bin/ptxas (ci/cuda_root makes one)")
+  elseif(PZ_CUDA_COMPILER STREQUAL "nvrtc")
+    # NVRTC (PyPI's nvidia-cuda-nvrtc-cu12: ci/nvrtc) is nvcc's front end as
+    # a library: a cubin per arch and the newest arch's PTX, no toolkit needed.
+    if(NOT EXISTS "${PZ_NVRTC}")
+      message(FATAL_ERROR "PZ_CUDA_COMPILER=nvrtc needs PZ_NVRTC, the path of libnvrtc.so.12 (bash ci/nvrtc DIR prints one)")
     endif()
-    set(pz_stub "${CMAKE_CURRENT_BINARY_DIR}/cuda_stub")
-    file(MAKE_DIRECTORY "${pz_stub}")
-    file(WRITE "${pz_stub}/curand_mtgp32_kernel.h" "// clang's CUDA wrapper includes it; the PyPI toolkit has no cuRAND\n")
-    set(pz_ptx_archs "")
-    foreach(sm ${PZ_CUDA_ARCHS})
-      if(sm GREATER 90)
-        set(v 90)
-      elseif(sm GREATER_EQUAL 80)
-        set(v 80)
+    foreach(target ${PZ_CUDA_ARCHS} compute)
+      if(target STREQUAL "compute")
+        set(arch compute_${pz_newest})
+        set(out "${PZ_DEVICE_DIR}/compute_${pz_newest}.ptx")
       else()
-        set(v ${sm})
+        set(arch sm_${target})
+        set(out "${PZ_DEVICE_DIR}/sm_${target}.cubin")
       endif()
-      list(APPEND pz_ptx_archs ${v})
-      set(pz_ptx_of_${sm} ${v})
-    endforeach()
-    list(REMOVE_DUPLICATES pz_ptx_archs)
-    foreach(v ${pz_ptx_archs})
-      set(out "${PZ_DEVICE_DIR}/compute_${v}.ptx")
       add_custom_command(OUTPUT "${out}"
-        COMMAND "${PZ_CLANG}" -x cuda "--cuda-path=${PZ_CUDA_ROOT}" --cuda-device-only --cuda-gpu-arch=sm_${v} -S
-                ${PZ_DEVICE_FLAGS} "-I${pz_stub}" -Wno-unknown-cuda-version "${PZ_KERNEL_SRC}" -o "${out}"
-        DEPENDS ${PZ_DEVICE_DEPS} COMMENT "clang: compute_${v} PTX" VERBATIM)
-      set(pz_ptx_file_${v} "${out}")
-    endforeach()
-    foreach(sm ${PZ_CUDA_ARCHS})
-      set(out "${PZ_DEVICE_DIR}/sm_${sm}.cubin")
-      set(ptx "${pz_ptx_file_${pz_ptx_of_${sm}}}")
-      add_custom_command(OUTPUT "${out}"
-        COMMAND "${PZ_CUDA_ROOT}/bin/ptxas" -O3 -arch=sm_${sm} "${ptx}" -o "${out}"
-        DEPENDS "${ptx}" COMMENT "ptxas: sm_${sm} cubin" VERBATIM)
+        COMMAND "${Python_EXECUTABLE}" "${CMAKE_CURRENT_SOURCE_DIR}/cmake/nvrtc_compile.py" --nvrtc "${PZ_NVRTC}"
+                --arch ${arch} -I "${CMAKE_CURRENT_SOURCE_DIR}/include" -I "${CMAKE_CURRENT_SOURCE_DIR}/kernels"
+                -I "${CMAKE_CURRENT_SOURCE_DIR}/kernels/nvrtc" "${PZ_KERNEL_SRC}" -o "${out}"
+        DEPENDS ${PZ_DEVICE_DEPS} "${CMAKE_CURRENT_SOURCE_DIR}/cmake/nvrtc_compile.py" COMMENT "nvrtc: ${arch}" VERBATIM)
       list(APPEND PZ_DEVICE_FILES "${out}")
     endforeach()
-    # Only the newest PTX ships: the driver compiles it for GPUs newer than every cubin.
-    list(GET pz_ptx_archs -1 v)
-    list(APPEND PZ_DEVICE_FILES "${pz_ptx_file_${v}}")
   else()
-    message(FATAL_ERROR "PZ_CUDA_COMPILER must be nvcc or clang (got '${PZ_CUDA_COMPILER}')")
+    message(FATAL_ERROR "PZ_CUDA_COMPILER must be nvcc or nvrtc (got '${PZ_CUDA_COMPILER}')")
   endif()
   message(STATUS "portable_zip NVIDIA device code: ${PZ_CUDA_COMPILER}, sm ${PZ_CUDA_ARCHS}")
 endif()
@@ -193,6 +181,6 @@ endif()
 # A CPU-only build on a machine with a GPU is almost always a missing compiler.
 if(PZ_BACKEND STREQUAL "cpu" AND (EXISTS /dev/nvidiactl OR EXISTS /dev/kfd))
   message(WARNING "portable_zip: building with NO GPU code on a machine with a GPU (no nvcc, hipcc or "
-                  "PZ_CUDA_ROOT found). GPU tensors will raise. Install the prebuilt wheel, or set PZ_BACKEND.")
+                  "PZ_NVRTC found). GPU tensors will raise. Install the prebuilt wheel, or set PZ_BACKEND.")
 endif()
 message(STATUS "portable_zip device code: ${PZ_BACKEND}")

@@ -9,12 +9,11 @@
 #include <dirent.h>
 #include <stdlib.h>
 
+#include <stdio.h>
+
 #include <algorithm>
-#include <fstream>
-#include <iterator>
 #include <map>
 #include <mutex>
-#include <sstream>
 #include <unordered_map>
 
 namespace pz::dev {
@@ -166,11 +165,25 @@ bool ends_with(const std::string& s, const char* tail) {
   return s.size() >= t.size() && s.compare(s.size() - t.size(), t.size(), t) == 0;
 }
 
+// stdio, not iostreams: a source build on a host whose libstdc++ differs from
+// the compiler's crashed inside iostream's locale code (H200, GCC in /opt/gcc).
 bool read_file(const std::string& path, std::string* bytes) {
-  std::ifstream f(path, std::ios::binary);
+  FILE* f = fopen(path.c_str(), "rb");
   if (!f) return false;
-  bytes->assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
-  return true;
+  bytes->clear();
+  char buf[1 << 16];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, f)) > 0) bytes->append(buf, n);
+  const bool ok = !ferror(f);
+  fclose(f);
+  return ok;
+}
+
+// The number after a prefix ("sm_90.cubin" -> 90), or -1.
+int arch_number(const std::string& s, size_t at) {
+  int v = 0, digits = 0;
+  for (; at < s.size() && s[at] >= '0' && s[at] <= '9' && digits < 4; ++at, ++digits) v = 10 * v + (s[at] - '0');
+  return digits ? v : -1;
 }
 
 std::string joined(const std::vector<std::string>& v) {
@@ -330,11 +343,11 @@ std::string pick_cuda_image(const std::vector<std::string>& files, int major, in
   for (const auto& f : files) {
     int cc = -1;
     if (f.rfind("sm_", 0) == 0 && ends_with(f, ".cubin")) {
-      std::istringstream(f.substr(3)) >> cc;
+      cc = arch_number(f, 3);
       // SASS runs on its own major only, at the same or a higher minor.
       if (cc / 10 == major && cc <= want && cc > cubin_cc) cubin = f, cubin_cc = cc;
     } else if (f.rfind("compute_", 0) == 0 && ends_with(f, ".ptx")) {
-      std::istringstream(f.substr(8)) >> cc;
+      cc = arch_number(f, 8);
       if (cc >= 0 && cc <= want && cc > ptx_cc) ptx = f, ptx_cc = cc;  // the driver compiles PTX forward
     }
   }

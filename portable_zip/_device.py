@@ -7,7 +7,7 @@ one AMD code-object bundle. A build without the vendor's code (a source
 build on a machine with no GPU compiler) warns once and raises a clear error.
 """
 import os
-import re
+import struct
 import warnings
 
 import torch
@@ -31,17 +31,32 @@ def code_files(v: str) -> list:
     return list(_C.gpu_code_files(v, CODE_DIR)) if v in ("cuda", "hip") else []
 
 
+def bundle_targets(data: bytes) -> list:
+    """The gfx targets of a clang offload bundle: magic, a u64 count, then
+    per entry a u64 offset, size and id length, and the id."""
+    magic = b"__CLANG_OFFLOAD_BUNDLE__"
+    if not data.startswith(magic):
+        return []
+    count, at, out = struct.unpack_from("<Q", data, len(magic))[0], len(magic) + 8, []
+    for _ in range(min(count, 256)):
+        _, _, n = struct.unpack_from("<QQQ", data, at)
+        ident = data[at + 24: at + 24 + n].decode(errors="replace")
+        at += 24 + n
+        if "--" in ident:  # hipv4-amdgcn-amd-amdhsa--gfx942 (the host entry has none)
+            out.append(ident.split("--", 1)[1])
+    return out
+
+
 def archs(v: str) -> list:
-    """The archs this build carries device code for (sm_XY, compute_XY, and for
-    AMD the bundle's targets, read from the bundle's index)."""
-    files = code_files(v)
-    if v == "cuda":
-        return [f.rsplit(".", 1)[0] for f in files]
+    """The archs this build carries device code for: sm_XY and compute_XY
+    files for NVIDIA, the bundle's gfx targets for AMD."""
     out = []
-    for f in files:
-        with open(os.path.join(CODE_DIR, f), "rb") as fh:
-            head = fh.read(1 << 16)
-        out += [t.decode() for t in re.findall(rb"hipv4-amdgcn-amd-amdhsa--([\w.:+-]+)", head)]
+    for f in code_files(v):
+        if v == "cuda":
+            out.append(f.rsplit(".", 1)[0])
+        else:
+            with open(os.path.join(CODE_DIR, f), "rb") as fh:
+                out += bundle_targets(fh.read(1 << 16))
     return out
 
 

@@ -7,7 +7,9 @@
 #include <hip/hip_runtime.h>
 #elif defined(__CUDACC__)
 #define PZ_CUDA 1
+#if !defined(__CUDACC_RTC__)  // NVRTC declares the device built-ins itself
 #include <cuda_runtime.h>
+#endif
 #else
 #define PZ_HOST 1
 #endif

@@ -1,0 +1,56 @@
+#!/usr/bin/env python3
+"""Compiles the device module with NVRTC, NVIDIA's compiler as a library
+(PyPI: nvidia-cuda-nvrtc-cu12), where no nvcc is installed:
+
+    nvrtc_compile.py --nvrtc libnvrtc.so.12 --arch sm_90|compute_90 -I DIR... SRC -o OUT
+
+sm_XY writes a cubin, compute_XY PTX. NVRTC runs nvcc's own front end and
+optimizer, so the code matches an nvcc build of the same CUDA version."""
+import argparse
+import ctypes
+import sys
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--nvrtc", required=True)
+    ap.add_argument("--arch", required=True)
+    ap.add_argument("-I", dest="includes", action="append", default=[])
+    ap.add_argument("-o", dest="out", required=True)
+    ap.add_argument("src")
+    a = ap.parse_args()
+    lib = ctypes.CDLL(a.nvrtc)
+    lib.nvrtcGetErrorString.restype = ctypes.c_char_p
+
+    def check(rc, what):
+        if rc:
+            raise SystemExit(f"nvrtc: {what}: {lib.nvrtcGetErrorString(rc).decode()}")
+
+    prog = ctypes.c_void_p()
+    src = open(a.src, "rb").read()
+    check(lib.nvrtcCreateProgram(ctypes.byref(prog), src, a.src.encode(), 0, None, None), "creating the program")
+    # -default-device: the headers' unannotated (host-side) helpers compile as device code, unused.
+    opts = [f"-arch={a.arch}", "-std=c++17", "-DNDEBUG", "-default-device"] + [f"-I{d}" for d in a.includes]
+    arr = (ctypes.c_char_p * len(opts))(*[o.encode() for o in opts])
+    rc = lib.nvrtcCompileProgram(prog, len(opts), arr)
+    size = ctypes.c_size_t()
+    lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+    log = ctypes.create_string_buffer(size.value)
+    lib.nvrtcGetProgramLog(prog, log)
+    if rc:
+        sys.stderr.write(log.value.decode(errors="replace"))
+        check(rc, f"compiling {a.src} for {a.arch}")
+    cubin = a.arch.startswith("sm_")
+    get_size, get = (lib.nvrtcGetCUBINSize, lib.nvrtcGetCUBIN) if cubin else (lib.nvrtcGetPTXSize, lib.nvrtcGetPTX)
+    check(get_size(prog, ctypes.byref(size)), "sizing the output")
+    buf = ctypes.create_string_buffer(size.value)
+    check(get(prog, buf), "reading the output")
+    data = buf.raw if cubin else buf.raw.rstrip(b"\0")
+    with open(a.out, "wb") as f:
+        f.write(data)
+    lib.nvrtcDestroyProgram(ctypes.byref(prog))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
