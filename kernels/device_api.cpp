@@ -7,11 +7,10 @@
 
 #include <dlfcn.h>
 #include <dirent.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include <algorithm>
-#include <fstream>
-#include <iterator>
 #include <map>
 #include <mutex>
 #include <sstream>
@@ -166,11 +165,18 @@ bool ends_with(const std::string& s, const char* tail) {
   return s.size() >= t.size() && s.compare(s.size() - t.size(), t.size(), t) == 0;
 }
 
+// stdio, not std::ifstream: libstdc++'s filebuf, linked in statically, calls
+// fstat64, which glibc exports only from 2.33 on (the wheel targets 2.28).
 bool read_file(const std::string& path, std::string* bytes) {
-  std::ifstream f(path, std::ios::binary);
+  FILE* f = fopen(path.c_str(), "rb");
   if (!f) return false;
-  bytes->assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
-  return true;
+  bytes->clear();
+  char buf[1 << 16];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, f)) > 0) bytes->append(buf, n);
+  const bool ok = !ferror(f);
+  fclose(f);
+  return ok;
 }
 
 std::string joined(const std::vector<std::string>& v) {
