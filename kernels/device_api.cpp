@@ -7,9 +7,8 @@
 
 #include <dlfcn.h>
 #include <dirent.h>
-#include <stdlib.h>
-
 #include <stdio.h>
+#include <stdlib.h>
 
 #include <algorithm>
 #include <map>
@@ -165,8 +164,9 @@ bool ends_with(const std::string& s, const char* tail) {
   return s.size() >= t.size() && s.compare(s.size() - t.size(), t.size(), t) == 0;
 }
 
-// stdio, not iostreams: a source build on a host whose libstdc++ differs from
-// the compiler's crashed inside iostream's locale code (H200, GCC in /opt/gcc).
+// stdio, not iostreams: a source build on the H200 image (GCC in /opt/gcc)
+// crashed inside iostream's locale code, and the static libstdc++'s filebuf
+// calls fstat64, which glibc exports only from 2.33 on (the wheel targets 2.28).
 bool read_file(const std::string& path, std::string* bytes) {
   FILE* f = fopen(path.c_str(), "rb");
   if (!f) return false;

@@ -32,6 +32,14 @@ uint64_t make_tag(int src, uint32_t seq, uint32_t idx) {
          (idx & 0xFFFFFF);
 }
 
+// A deadline d from now for condition_variable::wait_until, on system_clock:
+// libstdc++ waits for a steady_clock time with pthread_cond_clockwait (glibc
+// 2.30), for a system_clock time with pthread_cond_timedwait (manylinux_2_28).
+template <class D>
+auto after(D d) {
+  return std::chrono::system_clock::now() + d;
+}
+
 uint64_t get_u64(const uint8_t* p) {
   uint64_t v = 0;
   for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
@@ -325,7 +333,7 @@ uint64_t Engine::post(const std::vector<Op>& ops, void* user_stream) {
 
 int Engine::wait(uint64_t batch, double timeout_s, std::vector<uint64_t>* lens) {
   std::unique_lock<std::mutex> lk(mu_);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  const auto deadline = after(std::chrono::duration<double>(timeout_s));
   auto it = batches_.find(batch);
   if (it == batches_.end()) throw std::invalid_argument("fabric: unknown batch");
   bool in_time = done_cv_.wait_until(lk, deadline, [&] { return it->second.left == 0 || closed_; });
@@ -337,7 +345,7 @@ int Engine::wait(uint64_t batch, double timeout_s, std::vector<uint64_t>* lens) 
   if (!in_time && error_.empty()) error_ = "a transfer timed out after " + std::to_string(timeout_s) + " s";
   work_cv_.notify_all();
   // The progress thread tears the endpoints down (no late write into user memory), then signals.
-  done_cv_.wait_for(lk, std::chrono::seconds(10), [&] { return closed_; });
+  done_cv_.wait_until(lk, after(std::chrono::seconds(10)), [&] { return closed_; });
   batches_.erase(batch);
   if (!in_time) return 1;
   throw std::runtime_error(error_.empty() ? "the fabric transport was closed" : error_);
@@ -349,7 +357,7 @@ void Engine::abort(const std::string& why) {
   if (!thread_.joinable()) return;
   work_cv_.notify_all();
   // Endpoints closed, staging copies drained: no late write into the caller's buffers.
-  done_cv_.wait_for(lk, std::chrono::seconds(10), [&] { return closed_; });
+  done_cv_.wait_until(lk, after(std::chrono::seconds(10)), [&] { return closed_; });
 }
 
 Pair& Engine::pair(int peer) {
@@ -561,9 +569,9 @@ void Engine::pump(int r) {
       if (++idle > cfg_.spin) {
         std::unique_lock<std::mutex> lk(pump_mu_);
         if (rails_[r].outstanding.load(std::memory_order_relaxed) > 0)
-          pump_cv_.wait_for(lk, std::chrono::microseconds(20));
+          pump_cv_.wait_until(lk, after(std::chrono::microseconds(20)));
         else
-          pump_cv_.wait_for(lk, std::chrono::milliseconds(2));
+          pump_cv_.wait_until(lk, after(std::chrono::milliseconds(2)));
       }
       continue;
     }
@@ -638,7 +646,7 @@ void Engine::run() {
         return kv.second->inflight[0] || kv.second->inflight[1] || !kv.second->q[0].empty() || !kv.second->q[1].empty();
       });
       if (!active && incoming_.empty()) {
-        work_cv_.wait_for(lk, std::chrono::milliseconds(20));
+        work_cv_.wait_until(lk, after(std::chrono::milliseconds(20)));
         idle = 0;
       }
       while (!incoming_.empty()) {
@@ -670,7 +678,8 @@ void Engine::run() {
       idle = busy ? 0 : idle + 1;
       if (!pumps_.empty() && !busy) {  // wait for a pump's news (staging copies: polled every 50 us)
         std::unique_lock<std::mutex> lk(cq_mu_);
-        cq_cv_.wait_for(lk, std::chrono::microseconds(copying_.empty() ? 500 : 50), [&] { return !done_.empty(); });
+        cq_cv_.wait_until(lk, after(std::chrono::microseconds(copying_.empty() ? 500 : 50)),
+                          [&] { return !done_.empty(); });
       } else if (idle > cfg_.spin)
         std::this_thread::sleep_for(std::chrono::microseconds(std::min(500, 10 << std::min(idle - cfg_.spin, 6))));
     } catch (const std::exception& e) {
