@@ -133,7 +133,7 @@ if("hip" IN_LIST PZ_BACKEND)
       list(APPEND pz_offload "--offload-arch=${a}")
     endforeach()
     add_custom_command(OUTPUT "${out}"
-      COMMAND ${CMAKE_COMMAND} -E env HIP_PLATFORM=amd "${PZ_HIPCC}" -x hip --cuda-device-only ${pz_offload}
+      COMMAND ${CMAKE_COMMAND} -E env HIP_PLATFORM=amd "${PZ_HIPCC}" -x hip -c --cuda-device-only --gpu-bundle-output ${pz_offload}
               ${PZ_DEVICE_FLAGS} -Wno-unused-command-line-argument "${PZ_KERNEL_SRC}" -o "${out}"
       DEPENDS ${PZ_DEVICE_DEPS} COMMENT "hipcc: ${PZ_HIP_ARCHS}" VERBATIM)
   elseif(PZ_HIP_COMPILER STREQUAL "clang")
