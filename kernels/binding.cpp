@@ -170,6 +170,7 @@ NB_MODULE(_C, m) {
   });
   m.def("pick_cuda_image", &dev::pick_cuda_image);
   m.def("gpu_image", &dev::loaded_image);
+  m.def("bundle_targets", [](nb::bytes b) { return dev::bundle_targets(std::string(b.c_str(), b.size())); });
   m.def("compress_workspace_bytes", [](int dtype, uint64_t numel, const std::vector<int64_t>& shape) {
     return gpu_compress_workspace_bytes(plan(dtype, numel, shape));
   });

@@ -91,72 +91,71 @@ State& state() {
   return *s;
 }
 
-template <class F>
-bool bind(void* lib, const char* name, F* f) {
-  *f = reinterpret_cast<F>(dlsym(lib, name));
-  return *f != nullptr;
-}
+// Binds entry points by name, collecting the names the library lacks.
+struct Binder {
+  void* lib;
+  std::string missing;
+  template <class F>
+  bool operator()(const char* name, F* f, bool report = true) {
+    *f = reinterpret_cast<F>(dlsym(lib, name));
+    if (!*f && report) missing += std::string(missing.empty() ? "" : ", ") + name;
+    return *f != nullptr;
+  }
+};
 
 std::string bind_cuda(void* l, Table& t) {
-  std::string missing;
-  auto need = [&](bool ok, const char* name) {
-    if (!ok) missing += std::string(missing.empty() ? "" : ", ") + name;
-  };
-  need(bind(l, "cuInit", &t.init), "cuInit");
-  need(bind(l, "cuModuleLoadData", &t.module_load_data), "cuModuleLoadData");
-  need(bind(l, "cuModuleGetFunction", &t.module_get_function), "cuModuleGetFunction");
-  need(bind(l, "cuOccupancyMaxActiveBlocksPerMultiprocessor", &t.occupancy), "cuOccupancyMaxActiveBlocksPerMultiprocessor");
-  need(bind(l, "cuLaunchKernel", &t.launch), "cuLaunchKernel");
-  need(bind(l, "cuDeviceGetAttribute", &t.device_attribute), "cuDeviceGetAttribute");
-  need(bind(l, "cuEventQuery", &t.event_query), "cuEventQuery");
-  need(bind(l, "cuEventRecord", &t.event_record), "cuEventRecord");
-  need(bind(l, "cuStreamWaitEvent", &t.stream_wait_event), "cuStreamWaitEvent");
-  need(bind(l, "cuStreamCreate", &t.stream_create), "cuStreamCreate");
-  need(bind(l, "cuStreamDestroy_v2", &t.stream_destroy), "cuStreamDestroy_v2");
-  need(bind(l, "cuEventCreate", &t.event_create), "cuEventCreate");
-  need(bind(l, "cuEventDestroy_v2", &t.event_destroy), "cuEventDestroy_v2");
-  need(bind(l, "cuMemHostAlloc", &t.host_alloc), "cuMemHostAlloc");
-  need(bind(l, "cuMemFreeHost", &t.host_free), "cuMemFreeHost");
-  need(bind(l, "cuDeviceGet", &t.cu_device_get), "cuDeviceGet");
-  need(bind(l, "cuDevicePrimaryCtxRetain", &t.cu_primary_ctx_retain), "cuDevicePrimaryCtxRetain");
-  need(bind(l, "cuCtxGetCurrent", &t.cu_ctx_get_current), "cuCtxGetCurrent");
-  need(bind(l, "cuCtxSetCurrent", &t.cu_ctx_set_current), "cuCtxSetCurrent");
-  need(bind(l, "cuCtxGetDevice", &t.cu_ctx_get_device), "cuCtxGetDevice");
-  need(bind(l, "cuFuncSetAttribute", &t.cu_func_set_attribute), "cuFuncSetAttribute");
-  need(bind(l, "cuMemsetD8Async", &t.cu_memset_d8_async), "cuMemsetD8Async");
-  need(bind(l, "cuMemcpyAsync", &t.cu_memcpy_async), "cuMemcpyAsync");
-  need(bind(l, "cuGetErrorString", &t.cu_get_error_string), "cuGetErrorString");
-  return missing;
+  Binder b{l, ""};
+  b("cuInit", &t.init);
+  b("cuModuleLoadData", &t.module_load_data);
+  b("cuModuleGetFunction", &t.module_get_function);
+  b("cuOccupancyMaxActiveBlocksPerMultiprocessor", &t.occupancy);
+  b("cuLaunchKernel", &t.launch);
+  b("cuDeviceGetAttribute", &t.device_attribute);
+  b("cuEventQuery", &t.event_query);
+  b("cuEventRecord", &t.event_record);
+  b("cuStreamWaitEvent", &t.stream_wait_event);
+  b("cuStreamCreate", &t.stream_create);
+  b("cuStreamDestroy_v2", &t.stream_destroy);
+  b("cuEventCreate", &t.event_create);
+  b("cuEventDestroy_v2", &t.event_destroy);
+  b("cuMemHostAlloc", &t.host_alloc);
+  b("cuMemFreeHost", &t.host_free);
+  b("cuDeviceGet", &t.cu_device_get);
+  b("cuDevicePrimaryCtxRetain", &t.cu_primary_ctx_retain);
+  b("cuCtxGetCurrent", &t.cu_ctx_get_current);
+  b("cuCtxSetCurrent", &t.cu_ctx_set_current);
+  b("cuCtxGetDevice", &t.cu_ctx_get_device);
+  b("cuFuncSetAttribute", &t.cu_func_set_attribute);
+  b("cuMemsetD8Async", &t.cu_memset_d8_async);
+  b("cuMemcpyAsync", &t.cu_memcpy_async);
+  b("cuGetErrorString", &t.cu_get_error_string);
+  return b.missing;
 }
 
 std::string bind_hip(void* l, Table& t) {
-  std::string missing;
-  auto need = [&](bool ok, const char* name) {
-    if (!ok) missing += std::string(missing.empty() ? "" : ", ") + name;
-  };
-  need(bind(l, "hipInit", &t.init), "hipInit");
-  need(bind(l, "hipModuleLoadData", &t.module_load_data), "hipModuleLoadData");
-  need(bind(l, "hipModuleGetFunction", &t.module_get_function), "hipModuleGetFunction");
-  need(bind(l, "hipModuleOccupancyMaxActiveBlocksPerMultiprocessor", &t.occupancy),
-       "hipModuleOccupancyMaxActiveBlocksPerMultiprocessor");
-  need(bind(l, "hipModuleLaunchKernel", &t.launch), "hipModuleLaunchKernel");
-  need(bind(l, "hipDeviceGetAttribute", &t.device_attribute), "hipDeviceGetAttribute");
-  need(bind(l, "hipEventQuery", &t.event_query), "hipEventQuery");
-  need(bind(l, "hipEventRecord", &t.event_record), "hipEventRecord");
-  need(bind(l, "hipStreamWaitEvent", &t.stream_wait_event), "hipStreamWaitEvent");
-  need(bind(l, "hipStreamCreateWithFlags", &t.stream_create), "hipStreamCreateWithFlags");
-  need(bind(l, "hipStreamDestroy", &t.stream_destroy), "hipStreamDestroy");
-  need(bind(l, "hipEventCreateWithFlags", &t.event_create), "hipEventCreateWithFlags");
-  need(bind(l, "hipEventDestroy", &t.event_destroy), "hipEventDestroy");
+  Binder b{l, ""};
+  b("hipInit", &t.init);
+  b("hipModuleLoadData", &t.module_load_data);
+  b("hipModuleGetFunction", &t.module_get_function);
+  b("hipModuleOccupancyMaxActiveBlocksPerMultiprocessor", &t.occupancy);
+  b("hipModuleLaunchKernel", &t.launch);
+  b("hipDeviceGetAttribute", &t.device_attribute);
+  b("hipEventQuery", &t.event_query);
+  b("hipEventRecord", &t.event_record);
+  b("hipStreamWaitEvent", &t.stream_wait_event);
+  b("hipStreamCreateWithFlags", &t.stream_create);
+  b("hipStreamDestroy", &t.stream_destroy);
+  b("hipEventCreateWithFlags", &t.event_create);
+  b("hipEventDestroy", &t.event_destroy);
+  b("hipHostFree", &t.host_free);
+  b("hipSetDevice", &t.hip_set_device);
+  b("hipGetDevice", &t.hip_get_device);
+  b("hipMemsetAsync", &t.hip_memset_async);
+  b("hipMemcpyAsync", &t.hip_memcpy_async);
+  b("hipGetErrorString", &t.hip_get_error_string);
   // hipHostMalloc is deprecated in ROCm 7 in favour of hipHostAlloc (same arguments).
-  need(bind(l, "hipHostMalloc", &t.host_alloc) || bind(l, "hipHostAlloc", &t.host_alloc), "hipHostMalloc");
-  need(bind(l, "hipHostFree", &t.host_free), "hipHostFree");
-  need(bind(l, "hipSetDevice", &t.hip_set_device), "hipSetDevice");
-  need(bind(l, "hipGetDevice", &t.hip_get_device), "hipGetDevice");
-  need(bind(l, "hipMemsetAsync", &t.hip_memset_async), "hipMemsetAsync");
-  need(bind(l, "hipMemcpyAsync", &t.hip_memcpy_async), "hipMemcpyAsync");
-  need(bind(l, "hipGetErrorString", &t.hip_get_error_string), "hipGetErrorString");
-  return missing;
+  if (!b("hipHostMalloc", &t.host_alloc, false)) b("hipHostAlloc", &t.host_alloc);
+  return b.missing;
 }
 
 bool ends_with(const std::string& s, const char* tail) {
@@ -192,8 +191,10 @@ std::string joined(const std::vector<std::string>& v) {
   return s.empty() ? "none" : s;
 }
 
-// The targets in a clang offload bundle ("__CLANG_OFFLOAD_BUNDLE__", a u64
-// count, then offset, size, id length and id per entry), for error messages.
+}  // namespace
+
+// A clang offload bundle: "__CLANG_OFFLOAD_BUNDLE__", a u64 count, then
+// offset, size, id length and id per entry.
 std::vector<std::string> bundle_targets(const std::string& b) {
   std::vector<std::string> ids;
   const std::string magic = "__CLANG_OFFLOAD_BUNDLE__";
@@ -209,13 +210,16 @@ std::vector<std::string> bundle_targets(const std::string& b) {
   if (!u64(at, &n)) return ids;
   at += 8;
   for (uint64_t i = 0; i < n && i < 256; ++i, at += 24 + len) {
-    if (!u64(at, &off) || !u64(at + 8, &size) || !u64(at + 16, &len) || at + 24 + len > b.size()) break;
+    if (!u64(at, &off) || !u64(at + 8, &size) || !u64(at + 16, &len) || len > b.size() || at + 24 + len > b.size())
+      break;
     const std::string id = b.substr(at + 24, len);
     const size_t k = id.find("--");  // hipv4-amdgcn-amd-amdhsa--gfx942
     if (id.rfind("host-", 0) != 0) ids.push_back(k == std::string::npos ? id : id.substr(k + 2));
   }
   return ids;
 }
+
+namespace {
 
 // Loads this device's module (the calling thread's current device).
 int load_module(State& s, int device, Module* m) {

@@ -36,6 +36,9 @@ std::vector<std::string> code_files(Vendor v, const std::string& code_dir);
 // above it, else the newest PTX not above it, else "" (no usable code).
 std::string pick_cuda_image(const std::vector<std::string>& files, int major, int minor);
 
+// The gfx targets of an AMD code-object bundle (clang offload bundle format).
+std::vector<std::string> bundle_targets(const std::string& bundle);
+
 int use_device(int device);     // current on this thread (CUDA: the primary context)
 int current_device(int* device);
 enum class Attr { WarpSize, SmCount, MaxSmemPerBlock };

@@ -7,7 +7,6 @@ one AMD code-object bundle. A build without the vendor's code (a source
 build on a machine with no GPU compiler) warns once and raises a clear error.
 """
 import os
-import struct
 import warnings
 
 import torch
@@ -31,22 +30,6 @@ def code_files(v: str) -> list:
     return list(_C.gpu_code_files(v, CODE_DIR)) if v in ("cuda", "hip") else []
 
 
-def bundle_targets(data: bytes) -> list:
-    """The gfx targets of a clang offload bundle: magic, a u64 count, then
-    per entry a u64 offset, size and id length, and the id."""
-    magic = b"__CLANG_OFFLOAD_BUNDLE__"
-    if not data.startswith(magic):
-        return []
-    count, at, out = struct.unpack_from("<Q", data, len(magic))[0], len(magic) + 8, []
-    for _ in range(min(count, 256)):
-        _, _, n = struct.unpack_from("<QQQ", data, at)
-        ident = data[at + 24: at + 24 + n].decode(errors="replace")
-        at += 24 + n
-        if "--" in ident:  # hipv4-amdgcn-amd-amdhsa--gfx942 (the host entry has none)
-            out.append(ident.split("--", 1)[1])
-    return out
-
-
 def archs(v: str) -> list:
     """The archs this build carries device code for: sm_XY and compute_XY
     files for NVIDIA, the bundle's gfx targets for AMD."""
@@ -56,7 +39,7 @@ def archs(v: str) -> list:
             out.append(f.rsplit(".", 1)[0])
         else:
             with open(os.path.join(CODE_DIR, f), "rb") as fh:
-                out += bundle_targets(fh.read(1 << 16))
+                out += _C.bundle_targets(fh.read(1 << 16))
     return out
 
 

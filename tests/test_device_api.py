@@ -101,3 +101,16 @@ def test_the_loader_picks_the_cubin_for_this_gpu():
     major, minor = torch.cuda.get_device_capability()
     info = pz.backend_info()
     assert info["device_image"] == _C.pick_cuda_image(_device.code_files("cuda"), major, minor), info
+
+
+def test_bundle_targets_from_the_index():
+    import struct
+
+    ids = [b"host-x86_64-unknown-linux-gnu-", b"hipv4-amdgcn-amd-amdhsa--gfx942", b"hipv4-amdgcn-amd-amdhsa--gfx11-generic"]
+    head = b"__CLANG_OFFLOAD_BUNDLE__" + struct.pack("<Q", len(ids))
+    head += b"".join(struct.pack("<QQQ", 0, 0, len(i)) + i for i in ids)
+    assert _C.bundle_targets(head) == ["gfx942", "gfx11-generic"]
+    assert _C.bundle_targets(head[:-5]) == ["gfx942"]  # a cut index ends the list
+    assert _C.bundle_targets(b"not a bundle") == []
+    huge = b"__CLANG_OFFLOAD_BUNDLE__" + struct.pack("<Q", 1) + struct.pack("<QQQ", 0, 0, 2**64 - 8)
+    assert _C.bundle_targets(huge) == []
