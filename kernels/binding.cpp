@@ -70,6 +70,11 @@ std::string decode_error_text(uint32_t bits) {
   add(kErrStream, "a block's coded data is inconsistent (corrupted coded bytes)");
   add(kErrChecksum, "decoded data does not match its checksum (corrupted raw or coded bytes)");
   add(kErrBool, "a bool stream holds a byte other than 0 or 1");
+  if (bits & kErrHeader) {
+    const auto pe = static_cast<fmt::ParseError>((bits >> kParseErrorShift) & 0xff);
+    add(kErrHeader, (std::string("bad header: ") + fmt::parse_error_text(pe)).c_str());
+  }
+  add(kErrMismatch, "the stream holds another dtype or shape than the output tensor");
   return "corrupted stream: " + s;
 }
 
@@ -211,6 +216,30 @@ NB_MODULE(_C, m) {
                          ptr<void>(stream), device, max_sms));
   }, nb::arg("head"), nb::arg("in"), nb::arg("in_len"), nb::arg("out"), nb::arg("err"), nb::arg("stream"),
      nb::arg("max_sms") = 0, nb::arg("device") = -1);
+  // Decodes whose headers the kernel parses (no host sync): outputs of one
+  // coded dtype, or of dtypes never coded; job j expects dtypes[j], shapes[j].
+  m.def("decode_batch_workspace_bytes", [](int n) { return gpu_decode_batch_workspace_bytes(n); });
+  m.def("decode_gpu_batch", [](const std::vector<uintptr_t>& ins, const std::vector<uint64_t>& in_lens,
+                               const std::vector<uintptr_t>& outs, const std::vector<uintptr_t>& errs,
+                               const std::vector<int>& dtypes, const std::vector<uint64_t>& numels,
+                               const std::vector<std::vector<int64_t>>& shapes, uintptr_t workspace, uintptr_t stream,
+                               int max_sms, int device) {
+    const size_t n = ins.size();
+    if (in_lens.size() != n || outs.size() != n || errs.size() != n || dtypes.size() != n || numels.size() != n ||
+        shapes.size() != n)
+      throw std::invalid_argument("decode batch lists differ in length");
+    std::vector<fmt::Header> hs;
+    std::vector<const uint8_t*> in(n);
+    std::vector<uint8_t*> out(n);
+    std::vector<uint32_t*> err(n);
+    for (size_t j = 0; j < n; ++j) {
+      hs.push_back(plan(dtypes[j], numels[j], shapes[j]));
+      in[j] = ptr<const uint8_t>(ins[j]), out[j] = ptr<uint8_t>(outs[j]), err[j] = ptr<uint32_t>(errs[j]);
+    }
+    check(gpu_decode_batch(in.data(), in_lens.data(), out.data(), err.data(), hs.data(), static_cast<int>(n),
+                           ptr<void>(workspace), ptr<void>(stream), device, max_sms));
+  }, nb::arg("ins"), nb::arg("in_lens"), nb::arg("outs"), nb::arg("errs"), nb::arg("dtypes"), nb::arg("numels"),
+     nb::arg("shapes"), nb::arg("workspace"), nb::arg("stream"), nb::arg("max_sms") = 0, nb::arg("device") = -1);
   m.def("device_info", [](int device) {
     int warp = 0, sms = 0;
     check(gpu_device_info(device, &warp, &sms));

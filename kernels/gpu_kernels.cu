@@ -23,6 +23,9 @@ namespace pz::gpu {
   }                                                                                                         \
   extern "C" PZ_GLOBAL void __launch_bounds__(kCtaThreads) pz_decompress_##D##_Rans(DecompressParams p) {   \
     decompress_kernel<fmt::DType::D, fmt::Codec::Rans>(p);                                                  \
+  }                                                                                                         \
+  extern "C" PZ_GLOBAL void __launch_bounds__(kCtaThreads) pz_decode_##D(DeviceDecodeLaunch l) {            \
+    device_decode_kernel<fmt::DType::D>(l);                                                                 \
   }
 
 PZ_CODED(BFloat16)
@@ -39,5 +42,9 @@ PZ_RAW(false, true, false)
 PZ_RAW(false, false, false)
 PZ_RAW(false, true, true)
 PZ_RAW(false, false, true)
+// Device-parsed decodes of every dtype that is never coded (and bool).
+extern "C" PZ_GLOBAL void __launch_bounds__(kCtaThreads) pz_decode_Raw(DeviceDecodeLaunch l) {
+  device_decode_kernel<fmt::DType::Invalid>(l);
+}
 
 }  // namespace pz::gpu

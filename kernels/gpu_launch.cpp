@@ -204,6 +204,56 @@ int gpu_decompress(const uint8_t* in, const fmt::Header& h, uint8_t* out, uint32
   return run(r, persistent_grid(r, grid, max_sms), smem, stream, p, "launching the decompress kernel");
 }
 
+uint64_t gpu_decode_batch_workspace_bytes(int n) {
+  return n > 1 ? fmt::align_up(n * sizeof(gpu::DeviceDecode), 16) + 8ull * n : 0;
+}
+
+int gpu_decode_batch(const uint8_t* const* ins, const uint64_t* in_lens, uint8_t* const* outs, uint32_t* const* errs,
+                     const fmt::Header* expects, int n, void* workspace, void* stream, int device, int max_sms) {
+  if (n < 1) return kOk;
+  const fmt::DType kernel_dtype = gpu::dtype_token(expects[0].dtype) ? expects[0].dtype : fmt::DType::Invalid;
+  std::vector<gpu::DeviceDecode> jobs(n);
+  std::vector<uint64_t> ends(n);
+  uint64_t tickets = 0;
+  for (int j = 0; j < n; ++j) {
+    const fmt::Header& e = expects[j];
+    const fmt::DType kd = gpu::dtype_token(e.dtype) ? e.dtype : fmt::DType::Invalid;
+    if (kd != kernel_dtype || reinterpret_cast<uintptr_t>(ins[j]) % fmt::kAlign ||
+        reinterpret_cast<uintptr_t>(workspace) % 16) {
+      set_last_error("gpu_decode_batch: needs outputs of one coded dtype (or only dtypes never coded), "
+                     "16-byte-aligned streams and workspace", "");
+      return kBadArgument;
+    }
+    const fmt::Layout l = fmt::layout_of(e);
+    gpu::DeviceDecode& d = jobs[j];
+    d.in = ins[j];
+    d.in_len = in_lens[j];
+    d.out = outs[j];
+    d.err = errs[j];
+    d.work = e.codec == fmt::Codec::Raw ? gpu::raw_chunks(l) : l.nblocks;
+    d.expect = e;
+    ends[j] = tickets += d.work > 0 ? (d.work + gpu::kGroupsPerCta - 1) / gpu::kGroupsPerCta : 1;
+  }
+  const bool coded = kernel_dtype != fmt::DType::Invalid;
+  const uint64_t smem = coded ? gpu::kGroupsPerCta * gpu::kDecompressSmemPerGroup : 0;
+  Ready r;
+  if (const int rc = ready(device, gpu::device_decode_name(kernel_dtype), smem, &r)) return rc;
+  gpu::DeviceDecodeLaunch launch{};
+  launch.one = jobs[0];
+  launch.njobs = static_cast<uint32_t>(n);
+  launch.tickets = tickets;
+  if (n > 1) {  // pageable source: the copy is staged before the call returns
+    uint8_t* table = static_cast<uint8_t*>(workspace);
+    const uint64_t ends_at = fmt::align_up(n * sizeof(gpu::DeviceDecode), 16);
+    int e = dev::memcpy_async(table, jobs.data(), n * sizeof(gpu::DeviceDecode), stream);
+    if (!e) e = dev::memcpy_async(table + ends_at, ends.data(), 8ull * n, stream);
+    if (e) return fail(e, "copying the decode table");
+    launch.jobs = reinterpret_cast<const gpu::DeviceDecode*>(table);
+    launch.ticket_end = reinterpret_cast<const uint64_t*>(table + ends_at);
+  }
+  return run(r, persistent_grid(r, tickets, max_sms), smem, stream, launch, "launching the decode kernel");
+}
+
 int gpu_device_info(int device, int* warp_size, int* sm_count) {
   int e = dev::attribute(device, dev::Attr::WarpSize, warp_size);
   if (!e) e = dev::attribute(device, dev::Attr::SmCount, sm_count);

@@ -32,6 +32,11 @@ inline std::string decompress_name(fmt::DType d, fmt::Codec c) {
   return std::string("pz_decompress_") + dtype_token(d) + "_" + codec_token(c);
 }
 
+// pz_decode_<dtype>: the device-parsed decode of one coded dtype; pz_decode_Raw: of every other dtype.
+inline std::string device_decode_name(fmt::DType d) {
+  return std::string("pz_decode_") + (dtype_token(d) ? dtype_token(d) : "Raw");
+}
+
 inline std::string raw_name(bool encode, bool vec, bool is_bool) {
   return std::string("pz_raw_") + (encode ? "true_" : "false_") + (vec ? "true_" : "false_") + (is_bool ? "true" : "false");
 }

@@ -33,6 +33,15 @@ int gpu_compress(const uint8_t* in, const fmt::Header& h, uint8_t* out, void* wo
                  int max_sms);
 int gpu_decompress(const uint8_t* in, const fmt::Header& h, uint8_t* out, uint32_t* err, void* stream, int device,
                    int max_sms);
+// Decodes whose headers the kernel parses: the host waits for nothing. Job j
+// decodes stream ins[j] (in_lens[j] bytes, 16-byte aligned) into outs[j],
+// described by expects[j] (plan_header of the output's dtype and shape), and
+// ORs DecodeError bits into *errs[j] (device), kErrHeader and kErrMismatch
+// included. One launch for jobs of one coded dtype, or of dtypes never coded.
+// Workspace: gpu_decode_batch_workspace_bytes(n), 16-byte aligned (none for n = 1).
+uint64_t gpu_decode_batch_workspace_bytes(int n);
+int gpu_decode_batch(const uint8_t* const* ins, const uint64_t* in_lens, uint8_t* const* outs, uint32_t* const* errs,
+                     const fmt::Header* expects, int n, void* workspace, void* stream, int device, int max_sms);
 int gpu_device_info(int device, int* warp_size, int* sm_count);
 
 // Staging copies for the fabric engine; handles are opaque.

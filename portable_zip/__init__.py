@@ -1,6 +1,7 @@
 """portable_zip: lossless exponent compression for GPU communication."""
 __version__ = "0.1.0"
 
+from .checks import check  # noqa: E402
 from .codec import (  # noqa: E402
     FormatError,
     backend_info,
@@ -18,6 +19,6 @@ from . import ops  # noqa: E402,F401  (registers torch.ops.portable_zip.*)
 from .comm import Communicator, MismatchError, PeerError, PeerTimeout, ReduceOp, Work  # noqa: E402
 
 __all__ = [
-    "Communicator", "MismatchError", "PeerError", "PeerTimeout", "ReduceOp", "Work", "FormatError", "backend_info", "compress", "compress_batch", "compressed_size", "decompress",
+    "Communicator", "MismatchError", "PeerError", "PeerTimeout", "ReduceOp", "Work", "FormatError", "backend_info", "check", "compress", "compress_batch", "compressed_size", "decompress",
     "decompress_batch", "inspect", "max_compressed_size", "sm_budget", "trim",
 ]

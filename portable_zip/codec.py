@@ -12,8 +12,8 @@ try:
 except ImportError as e:  # imported from a source checkout that has no built extension
     raise ImportError("portable_zip's compiled extension is missing: install the package (pip install .) and "
                       "import it from outside the source tree (or run python -P)") from e
-from . import _device
-from ._dtypes import CODEC_CODES, CODECS, code_of, dtype_of
+from . import _device, checks
+from ._dtypes import CODED, CODEC_CODES, CODECS, code_of, dtype_of
 
 FormatError = _C.FormatError
 MAX_HEADER_BYTES = 32 + 8 * 16
@@ -184,22 +184,44 @@ def compress(t: torch.Tensor, *, trim: Optional[bool] = None, threads: Optional[
     return _trim(buf) if trim else buf
 
 
-def _header(buf) -> tuple:
+def _header_args(buf) -> None:
     if not isinstance(buf, torch.Tensor):
         raise TypeError(f"stream must be a uint8 torch.Tensor, got {type(buf).__name__}")
     if buf.dtype != torch.uint8 or buf.dim() != 1:
         raise TypeError(f"stream must be a 1-D uint8 tensor, got {buf.dtype} with shape {tuple(buf.shape)}")
     if not buf.is_contiguous():
         raise ValueError("stream tensor must be contiguous")
+
+
+def _header(buf) -> tuple:
+    _header_args(buf)
     n = min(buf.numel(), MAX_HEADER_BYTES)
     head = bytes(buf[:n].cpu().numpy().tobytes())
+    checks.check_synced(buf.device)  # the copy synchronized this stream: its queued decodes are done
     return head, _C.parse_header(head, buf.numel())
 
 
 def decompress(buf: torch.Tensor, *, out: Optional[torch.Tensor] = None, threads: Optional[int] = None,
-               max_sms: Optional[int] = None) -> torch.Tensor:
-    """Bit-exact inverse of compress: same dtype, shape and device (or into out)."""
+               max_sms: Optional[int] = None, check: bool = False) -> torch.Tensor:
+    """Bit-exact inverse of compress: same dtype, shape and device (or into out).
+
+    On the GPU with out=, the decode is queued and the call returns at once:
+    the kernel reads the header itself, and a corrupted, truncated or
+    mismatched stream is reported at the next synchronizing call of this API
+    (pz.check(), or check=True to wait and check now). Without out=, the
+    header is read first (a host sync) and the result is checked before the
+    call returns. CPU decodes are always checked before they return."""
     sms = _max_sms(max_sms)
+    if out is not None and isinstance(buf, torch.Tensor) and buf.device.type == "cuda":
+        _header_args(buf)
+        _check_out(out)
+        if out.device != buf.device:
+            raise ValueError(f"out is on {out.device} but the stream is on {buf.device}")
+        if _overlap(out, buf):
+            raise ValueError("out overlaps the stream's memory: decoding would overwrite the stream while reading it")
+        _check_tensor(buf, "stream")
+        _queue_decodes([buf], [out], check, sms)
+        return out
     head, info = _header(buf)
     dtype = dtype_of(info["dtype"])
     shape = tuple(info["shape"])
@@ -223,6 +245,45 @@ def decompress(buf: torch.Tensor, *, out: Optional[torch.Tensor] = None, threads
     if bits:
         raise FormatError(_C.decode_error_text(bits))
     return out
+
+
+def _kernel_key(dtype: torch.dtype):
+    """Which device-parsed decode kernel serves outputs of dtype: its own for
+    an entropy-coded dtype, one shared by every dtype stored raw."""
+    return code_of(dtype) if dtype in CODED else "raw"
+
+
+def _queue_decodes(bufs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor], check: bool, max_sms: int,
+                   names: Optional[Sequence[str]] = None) -> None:
+    """Queue the decodes of GPU streams bufs[i] into outs[i] (one device,
+    inputs validated), one launch per decode kernel, with no host sync. The
+    kernels parse the headers. check: wait and raise now; else each decode's
+    error word is registered for the next check (checks.py)."""
+    device = bufs[0].device
+    groups: dict = {}
+    for i, o in enumerate(outs):
+        groups.setdefault(_kernel_key(o.dtype), []).append(i)
+    errs = torch.zeros(len(bufs), dtype=torch.int32, device=device) if check else None
+    with torch.cuda.device(device):
+        for idx in groups.values():
+            ins = []
+            for i in idx:
+                b = bufs[i]
+                ins.append(b if b.data_ptr() % 16 == 0 else b.clone())  # the decoder reads 16-byte-aligned segments
+            if check:
+                words = [errs[i:i + 1] for i in idx]
+            else:
+                words = [checks.slot(device, (names[i] if names else "decompress") + " (queued)") for i in idx]
+            ws = torch.empty(_C.decode_batch_workspace_bytes(len(idx)), dtype=torch.uint8, device=device)
+            _C.decode_gpu_batch([b.data_ptr() for b in ins], [b.numel() for b in ins],
+                                [outs[i].data_ptr() for i in idx], [w.data_ptr() for w in words],
+                                [code_of(outs[i].dtype) for i in idx], [outs[i].numel() for i in idx],
+                                [list(outs[i].shape) for i in idx], ws.data_ptr(), _stream(), max_sms, device.index)
+    if check:
+        bits = errs.cpu().tolist()
+        failed = [((names[i] if names else "decompress"), w) for i, w in enumerate(bits) if w]
+        if failed:
+            checks._raise(failed)
 
 
 def _decode_gpu(buf: torch.Tensor, head: bytes, info: dict, out: torch.Tensor, err: torch.Tensor,
@@ -300,23 +361,54 @@ def compress_batch(tensors: Sequence[torch.Tensor], *, trim: Optional[bool] = No
 
 
 def decompress_batch(bufs: Sequence[torch.Tensor], *, out: Optional[Sequence[torch.Tensor]] = None,
-                     threads: Optional[int] = None) -> list:
-    """decompress() over many streams, optionally into preallocated outputs."""
+                     threads: Optional[int] = None, max_sms: Optional[int] = None, check: bool = False) -> list:
+    """decompress() over many streams, optionally into preallocated outputs.
+    GPU streams decode in one launch per (device, dtype) (every dtype stored
+    raw shares one), their headers parsed by the kernels. With out=, the
+    launches are queued and errors reported as for decompress(out=) (check=True:
+    now). Without out=, the GPU headers are read in one copy per device first,
+    and the results are checked before the call returns."""
+    sms = _max_sms(max_sms)
+    bufs = list(bufs)
     if out is not None and len(out) != len(bufs):
         raise ValueError(f"got {len(bufs)} streams but {len(out)} outputs")
-    outs = out if out is not None else [None] * len(bufs)
-    if out is not None:  # decodes run in order: no output may overwrite a later stream or another output
+    outs = list(out) if out is not None else [None] * len(bufs)
+    for j, b in enumerate(bufs):
+        _header_args(b)
+    if out is not None:  # no output may overwrite a stream or another output
         for i, o in enumerate(outs):
             if o is None:
                 continue
             _check_out(o, f"out[{i}]")
+            if o.device != bufs[i].device:
+                raise ValueError(f"out[{i}] is on {o.device} but stream {i} is on {bufs[i].device}")
             for j, b in enumerate(bufs):
-                if isinstance(b, torch.Tensor) and _overlap(o, b):
+                if _overlap(o, b):
                     raise ValueError(f"out[{i}] overlaps stream {j}'s memory")
             for j in range(i):
                 if outs[j] is not None and _overlap(o, outs[j]):
                     raise ValueError(f"out[{i}] overlaps out[{j}]")
-    return [decompress(b, out=o, threads=threads) for b, o in zip(bufs, outs)]
+    gpu: dict = {}
+    for i, b in enumerate(bufs):
+        if b.device.type == "cuda":
+            _check_tensor(b, f"stream {i}")
+            gpu.setdefault(b.device, []).append(i)
+        else:
+            outs[i] = decompress(b, out=outs[i], threads=threads)
+    for device, idx in gpu.items():
+        need = [i for i in idx if outs[i] is None]
+        if need:  # one header copy for the device's streams that have no output yet
+            heads = torch.cat([bufs[i][:MAX_HEADER_BYTES] for i in need]).cpu().numpy().tobytes()
+            checks.check_synced(device)
+            at = 0
+            for i in need:
+                n = min(bufs[i].numel(), MAX_HEADER_BYTES)
+                info = _C.parse_header(heads[at:at + n], bufs[i].numel())
+                at += n
+                outs[i] = torch.empty(tuple(info["shape"]), dtype=dtype_of(info["dtype"]), device=device)
+        _queue_decodes([bufs[i] for i in idx], [outs[i] for i in idx], check or out is None, sms,
+                       [f"decompress_batch stream {i}" for i in idx])
+    return outs
 
 
 def backend_info(device: Optional[int] = None) -> dict:

@@ -1,5 +1,6 @@
-"""A small pure-numpy implementation of format v2 (docs/FORMAT.md); it also
-reads v1 streams (no checksums).
+"""A small pure-numpy implementation of format v3 (docs/FORMAT.md); it also
+reads v2 streams (per-symbol block checksums, lane = j mod 32) and v1 streams
+(no checksums).
 
 Written from the format description, independently of the C++ code, so tests
 can check the fast paths byte for byte against it. Slow: for small inputs.
@@ -11,7 +12,8 @@ import numpy as np
 from ._dtypes import CODED as _CODED_DTYPES, code_of
 
 MAGIC = b"PZIP"
-VERSION = 2
+VERSION = 3
+READ_VERSIONS = (1, 2, 3)
 RAW_CHUNK = 1 << 16  # bytes of raw payload per checksum
 LANES = 32
 PROB_BITS = 12
@@ -43,8 +45,19 @@ def checksum(units: np.ndarray, first: int) -> int:
     return (int(t.sum(dtype=np.uint64)) + 0x505A4932) & 0xFFFFFFFF
 
 
+def words_of(data: bytes) -> np.ndarray:
+    """32-bit little-endian words of data, a partial last word padded with zeros."""
+    return np.frombuffer(data + bytes(-len(data) % 4), "<u4")
+
+
+def chunk_sums(units: np.ndarray, per: int) -> list:
+    """Checksum of each run of `per` units, indices counted from the first unit."""
+    return [checksum(units[k: k + per], k) for k in range(0, units.size, per)]
+
+
 def units_of(dtype: int, data: np.ndarray) -> np.ndarray:
-    """Each symbol's element bytes as one little-endian integer (fp8: a pair, an odd last element paired with 0)."""
+    """v2 units: each symbol's element bytes as one little-endian integer (fp8: a pair, an odd last
+    element paired with 0)."""
     if dtype == FP32:
         return data.view("<u4")
     if dtype in (E4M3, E5M2) and data.size % 2:
@@ -53,9 +66,16 @@ def units_of(dtype: int, data: np.ndarray) -> np.ndarray:
 
 
 def raw_sums(payload: bytes) -> bytes:
-    words = np.frombuffer(payload + bytes(-len(payload) % 4), "<u4")
-    per = RAW_CHUNK // 4
-    return b"".join(np.uint32(checksum(words[k: k + per], k)).tobytes() for k in range(0, words.size, per))
+    return np.array(chunk_sums(words_of(payload), RAW_CHUNK // 4), "<u4").tobytes()
+
+
+def block_sums(dtype: int, data: bytes, lg: int, version: int) -> list:
+    """Checksum of each block of 2^lg symbols over the tensor's bytes. v3: 32-bit words, S bytes per
+    symbol; a block start is a multiple of 2^10 symbols, so blocks start on a word and never share one.
+    v2: one unit per symbol."""
+    if version >= 3:
+        return chunk_sums(words_of(data), ((4 if dtype == FP32 else 2) << lg) // 4)
+    return chunk_sums(units_of(dtype, np.frombuffer(data, np.uint8)), 1 << lg)
 
 
 def header_sum(h: bytes) -> int:
@@ -144,7 +164,19 @@ def table_bytes(freq: list) -> bytes:
     return rng if len(rng) <= len(bitmap) else bitmap
 
 
-def encode_block(sym: np.ndarray) -> bytes:
+def lane_steps(n: int, version: int) -> np.ndarray:
+    """[step, lane] -> index of the block symbol that lane codes at that step, -1 where it has none.
+    v3: rows of 256 symbols, lane L owns symbols 8L..8L+7 of each row (its own 16 bytes on a GPU);
+    v1/v2: symbol j in lane j mod 32, step j div 32."""
+    if version >= 3:
+        step = np.arange(8 * -(-n // 256))[:, None]
+        j = 256 * (step // 8) + 8 * np.arange(LANES) + step % 8
+    else:
+        j = np.arange(-(-n // LANES) * LANES).reshape(-1, LANES)
+    return np.where(j < n, j, -1)
+
+
+def encode_block(sym: np.ndarray, version: int = VERSION) -> bytes:
     n = sym.size
     freq = quantize(np.bincount(sym, minlength=256), n)
     table = table_bytes(freq)
@@ -155,20 +187,20 @@ def encode_block(sym: np.ndarray) -> bytes:
     stored = prefix >= 1 + n
     x = np.full(LANES, STATE_LOW, np.uint64)
     words = []
-    for base in range(0, n, LANES):
+    for row in lane_steps(n, version):
         if stored:
             break
-        s = sym[base: base + LANES]
-        k = s.size
+        lanes = row >= 0  # a short last row leaves some lanes (or all) idle at this step
+        s = sym[row[lanes]]
         f, c = f_arr[s], cum[s]
-        need = x[:k] >= (f << np.uint64(32 - PROB_BITS))
+        xs = x[lanes]
+        need = xs >= (f << np.uint64(32 - PROB_BITS))
         if prefix + 2 * (len(words) + int(need.sum())) >= 1 + n:
             stored = True
             break
-        words.extend(int(v) for v in (x[:k][need] & np.uint64(0xFFFF)))
-        xs = x[:k]
+        words.extend(int(v) for v in (xs[need] & np.uint64(0xFFFF)))  # boolean indexing keeps lane order
         xs[need] >>= np.uint64(16)
-        x[:k] = (xs // f << np.uint64(PROB_BITS)) + xs % f + c
+        x[lanes] = (xs // f << np.uint64(PROB_BITS)) + xs % f + c
     if stored:
         seg = bytes([0]) + sym.tobytes()
     else:
@@ -247,8 +279,7 @@ def compress(data: bytes, dtype: int, shape, codec: int = 1) -> bytes:
     enc = encode_block_fixed if codec == 2 else encode_block
     segs = [enc(sym[b << lg: (b + 1) << lg]) for b in range(nblocks)]
     offs = np.cumsum([len(s) for s in segs]).astype("<u8").tobytes()
-    units = units_of(dtype, np.frombuffer(data, np.uint8))
-    offs += b"".join(np.uint32(checksum(units[b << lg: (b + 1) << lg], b << lg)).tobytes() for b in range(nblocks))
+    offs += np.array(block_sums(dtype, data, lg, VERSION), "<u4").tobytes()
     offs += bytes(align(len(offs)) - len(offs))
     coded = b"".join(segs)
     total = head_len + len(raw) + len(offs) + len(coded)
@@ -258,19 +289,20 @@ def compress(data: bytes, dtype: int, shape, codec: int = 1) -> bytes:
 def decompress(stream: bytes) -> tuple:
     """-> (dtype code, shape, tensor bytes). Raises ValueError on any inconsistency
     it checks (not every one the C++ decoder checks: this is a reference, not a validator)."""
-    if stream[:4] != MAGIC or stream[4] not in (1, 2):
-        raise ValueError("not a v1 or v2 portable_zip stream")
-    v2 = stream[4] == 2
+    if stream[:4] != MAGIC or stream[4] not in READ_VERSIONS:
+        raise ValueError("not a v1, v2 or v3 portable_zip stream")
+    version = stream[4]
+    summed = version >= 2  # v1 predates the checksums
     dtype, codec, ndim = stream[5], stream[6], stream[7]
     total, numel = np.frombuffer(stream[8:24], "<u8").tolist()
     lg = stream[24]
     shape = tuple(np.frombuffer(stream[32: 32 + 8 * ndim], "<i8").tolist())
     raw_begin = align(32 + 8 * ndim)
-    if v2 and int(np.frombuffer(stream[28:32], "<u4")[0]) != header_sum(stream[: 32 + 8 * ndim]):
+    if summed and int(np.frombuffer(stream[28:32], "<u4")[0]) != header_sum(stream[: 32 + 8 * ndim]):
         raise ValueError("header checksum mismatch")
     if codec == 0:
         data = stream[raw_begin: raw_begin + numel * ELEM[dtype]]
-        if v2 and data:
+        if summed and data:
             at = align(raw_begin + len(data))
             sums = raw_sums(data)
             if stream[at: at + len(sums)] != sums:
@@ -288,22 +320,22 @@ def decompress(stream: bytes) -> tuple:
         end = align(end) + 2 * nsym
     offs_begin = align(end)
     offs = np.frombuffer(stream, "<u8", nblocks, offs_begin).tolist()
-    sums = np.frombuffer(stream, "<u4", nblocks if v2 else 0, offs_begin + 8 * nblocks).tolist()
+    sums = np.frombuffer(stream, "<u4", nblocks if summed else 0, offs_begin + 8 * nblocks).tolist()
     coded_begin = align(offs_begin + 8 * nblocks + 4 * len(sums))
     sym = np.empty(nsym, np.uint8)
     for b in range(nblocks):
         seg = stream[coded_begin + (offs[b - 1] if b else 0): coded_begin + offs[b]]
         n = min(nsym, (b + 1) << lg) - (b << lg)
-        sym[b << lg: (b << lg) + n] = decode_block_fixed(seg, n) if seg[0] == 2 else decode_block(seg, n)
+        sym[b << lg: (b << lg) + n] = decode_block_fixed(seg, n) if seg[0] == 2 else decode_block(seg, n, version)
     data = join(dtype, numel, sym, p8, p16)
-    units = units_of(dtype, np.frombuffer(data, np.uint8))
-    for b, want in enumerate(sums):
-        if checksum(units[b << lg: (b + 1) << lg], b << lg) != want:
-            raise ValueError(f"block {b} checksum mismatch")
+    if summed:
+        for b, (got, want) in enumerate(zip(block_sums(dtype, data, lg, version), sums)):
+            if got != want:
+                raise ValueError(f"block {b} checksum mismatch")
     return dtype, shape, data
 
 
-def decode_block(seg: bytes, n: int) -> np.ndarray:
+def decode_block(seg: bytes, n: int, version: int = VERSION) -> np.ndarray:
     if seg[0] == 0:
         return np.frombuffer(seg, np.uint8, n, 1)
     pos, freq = 2, [0] * 256
@@ -338,17 +370,19 @@ def decode_block(seg: bytes, n: int) -> np.ndarray:
     f_arr = np.array(freq, np.uint64)
     out = np.empty(n, np.uint8)
     rp = nwords
-    for base in reversed(range(0, n, LANES)):
-        k = min(LANES, n - base)
-        xs = x[:k]
+    for row in lane_steps(n, version)[::-1]:
+        lanes = row >= 0
+        xs = x[lanes]
         s = lookup[(xs & np.uint64(PROB_SCALE - 1)).astype(np.int64)]
-        out[base: base + k] = s
+        out[row[lanes]] = s
         xs = f_arr[s] * (xs >> np.uint64(PROB_BITS)) + (xs & np.uint64(PROB_SCALE - 1)) - cum[s]
         need = xs < STATE_LOW
         cnt = int(need.sum())
-        xs[need] = xs[need] << np.uint64(16) | words[rp - cnt: rp]
+        if cnt > rp:
+            raise ValueError("corrupted rANS data")
+        xs[need] = xs[need] << np.uint64(16) | words[rp - cnt: rp]  # the step's words, in lane order
         rp -= cnt
-        x[:k] = xs
+        x[lanes] = xs
     if rp != 0 or not np.all(x == STATE_LOW):
         raise ValueError("corrupted rANS data")
     return out

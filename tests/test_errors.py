@@ -53,9 +53,10 @@ def test_not_a_stream():
 
 def test_version_mismatch():
     buf = stream().clone()
-    buf[4] = 3
-    with pytest.raises(pz.FormatError, match="version 3; this build reads versions 1 to 2"):
-        pz.decompress(buf)
+    for v in (0, 4, 255):
+        buf[4] = v
+        with pytest.raises(pz.FormatError, match=f"version {v}; this build reads versions 1 to 3"):
+            pz.decompress(buf)
 
 
 @pytest.mark.parametrize("offset,value,msg", [

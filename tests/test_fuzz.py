@@ -46,15 +46,22 @@ def mutate_bytes(rng: np.random.Generator, s: np.ndarray) -> np.ndarray:
     return s
 
 
-def fuzz(streams, rng, count, device="cpu", mutator=mutate):
+def fuzz(streams, rng, count, device="cpu", mutator=mutate, into_out=False):
     """Decodes `count` mutants of (tensor, stream) pairs: each must raise
-    FormatError or decode to exactly the original tensor."""
+    FormatError or decode to exactly the original tensor. into_out: decode
+    into a preallocated tensor of the original's dtype and shape (on a GPU,
+    the kernels that parse the header themselves), checked at once."""
     outcomes = {"header error": 0, "decode error": 0, "identical": 0}
     for k in range(count):
         t, src = streams[k % len(streams)]
         bad = torch.from_numpy(mutator(rng, src)).to(device)
         try:
-            out = pz.decompress(bad)
+            if into_out:
+                out = torch.empty_like(t, device=device)
+                out.view(torch.uint8).fill_(0x5A)  # poison: every byte must be written
+                pz.decompress(bad, out=out, check=True)
+            else:
+                out = pz.decompress(bad)
         except pz.FormatError as e:
             outcomes["decode error" if str(e).startswith("corrupted stream") else "header error"] += 1
             continue

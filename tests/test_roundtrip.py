@@ -197,7 +197,7 @@ def test_batch_api(coded_dtype, codec):
 def test_inspect_fields():
     t = weights(fresh_rng(), 1 << 20, torch.bfloat16).reshape(1024, 1024)
     info = pz.inspect(pz.compress(t))
-    assert info["format_version"] == 2 and info["codec"] == "rans"
+    assert info["format_version"] == 3 and info["codec"] == "rans"
     assert info["dtype"] == torch.bfloat16 and info["shape"] == (1024, 1024)
     assert info["original_bytes"] == t.nbytes
     assert 0.6 < info["ratio"] < 0.68
@@ -207,4 +207,4 @@ def test_inspect_fields():
 def test_backend_info():
     info = pz.backend_info()
     assert info["backend"] in ("cpu", "cuda", "hip")
-    assert info["lanes"] == 32 and info["format_version"] == 2
+    assert info["lanes"] == 32 and info["format_version"] == 3

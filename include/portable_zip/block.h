@@ -16,8 +16,13 @@ enum DecodeError : uint32_t {
   kErrStream = 1u << 3,   // rANS states or words inconsistent (corrupted data)
   kErrChecksum = 1u << 4, // decoded bytes differ from the block's (or raw chunk's) checksum
   kErrBool = 1u << 5,     // a bool stream holds a byte other than 0 or 1
+  // Decodes that parse the header on the device (no host sync):
+  kErrHeader = 1u << 6,   // the header is invalid; bits 8..15 hold its fmt::ParseError
+  kErrMismatch = 1u << 7, // the stream holds another dtype or shape than the output
 };
-constexpr uint32_t kKnownDecodeErrors = kErrOffsets | kErrTable | kErrSegment | kErrStream | kErrChecksum | kErrBool;
+constexpr uint32_t kKnownDecodeErrors =
+    kErrOffsets | kErrTable | kErrSegment | kErrStream | kErrChecksum | kErrBool | kErrHeader | kErrMismatch;
+constexpr int kParseErrorShift = 8;
 
 // Where block b's segment lies, from the offset table; returns false (and
 // leaves *begin/*end unspecified) when the table is inconsistent.
@@ -32,6 +37,29 @@ PZ_HOST_DEVICE inline bool segment_bounds(const uint8_t* stream, const fmt::Head
   if (*end - *begin > fmt::max_segment_bytes(n) || *end - *begin < fmt::kAlign) return false;
   if (b + 1 == l.nblocks && *end != coded_len) return false;
   return true;
+}
+
+// Which symbol of its block lane `lane` codes at rANS step `step` (it may be
+// past the block's end). v3: runs of kLaneRun per lane; v1/v2: strided.
+PZ_HOST_DEVICE PZ_FORCE_INLINE uint32_t rans_symbol(bool contig, uint32_t step, uint32_t lane) {
+  return contig ? (step / fmt::kLaneRun) * fmt::kRowSymbols + fmt::kLaneRun * lane + step % fmt::kLaneRun
+                : step * fmt::kLanes + lane;
+}
+
+// rANS steps of a block of n symbols (v3: whole rows; some steps may be empty).
+PZ_HOST_DEVICE PZ_FORCE_INLINE uint32_t rans_step_count(bool contig, uint32_t n) {
+  return contig ? (n + fmt::kRowSymbols - 1) / fmt::kRowSymbols * fmt::kLaneRun : (n + fmt::kLanes - 1) / fmt::kLanes;
+}
+
+// The v3 block checksum's 32-bit words [*lo, *hi) of the tensor's bytes, and
+// the tensor's byte length *len (past which a word is zero-padded).
+PZ_HOST_DEVICE PZ_FORCE_INLINE void block_words(const fmt::Header& h, uint64_t first, uint32_t n, uint64_t* lo,
+                                                uint64_t* hi, uint64_t* len) {
+  const uint64_t s = fmt::symbol_bytes(h.dtype);
+  *len = h.numel * static_cast<uint64_t>(fmt::elem_size(h.dtype));
+  const uint64_t end = (first + n) * s;
+  *lo = first * s / 4;
+  *hi = ((end < *len ? end : *len) + 3) / 4;
 }
 
 // Reads the raw bits of symbol i from the raw planes.

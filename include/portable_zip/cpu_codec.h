@@ -78,26 +78,40 @@ uint32_t decode_fixed(const uint8_t* seg, uint64_t seglen, uint32_t n, Emit&& em
   return e == escapes ? 0 : kErrStream;
 }
 
-// The v2 checksum of block b's elements, read from buf (the input tensor on
-// encode, the output on decode). A loop of its own: it vectorizes (AVX2 where
-// the CPU has it: twice SSE2's speed on this loop).
+// Checksum of the 32-bit words [lo, hi) of the len bytes at p (a partial
+// last word zero-padded): raw chunks, and v3 blocks. A loop of its own: it
+// vectorizes (AVX2 where the CPU has it: twice SSE2's speed on this loop).
+PZ_HOST_SIMD_CLONES inline uint32_t word_checksum(const uint8_t* p, uint64_t lo, uint64_t hi, uint64_t len) {
+  uint32_t s = 0;
+  const uint64_t whole = std::min(hi, len / 4);
+  for (uint64_t k = lo; k < whole; ++k) s += fmt::hash_term(get_u32(p + 4 * k), static_cast<uint32_t>(k));
+  for (uint64_t k = std::max(lo, whole); k < hi; ++k) s += fmt::hash_term(raw_word(p, k, len), static_cast<uint32_t>(k));
+  return fmt::finish_checksum(s);
+}
+
+// The v2 checksum of a block's elements: one unit per symbol.
 template <fmt::DType D>
-PZ_HOST_SIMD_CLONES uint32_t block_checksum(const uint8_t* buf, uint64_t first, uint32_t n, uint64_t numel) {
+PZ_HOST_SIMD_CLONES uint32_t symbol_checksum(const uint8_t* buf, uint64_t first, uint32_t n, uint64_t numel) {
   uint32_t s = 0;
   for (uint32_t i = 0; i < n; ++i)
     s += fmt::hash_term(FloatTraits<D>::unit(buf, first + i, numel), static_cast<uint32_t>(first + i));
   return fmt::finish_checksum(s);
 }
 
+// Block b's checksum over its elements in buf (the input tensor on encode,
+// the output on decode), in the stream's version.
+template <fmt::DType D>
+uint32_t block_checksum(const fmt::Header& h, const uint8_t* buf, uint64_t first, uint32_t n) {
+  if (h.version < fmt::kContigVersion) return symbol_checksum<D>(buf, first, n, h.numel);
+  uint64_t lo, hi, len;
+  block_words(h, first, n, &lo, &hi, &len);
+  return word_checksum(buf, lo, hi, len);
+}
+
 // Checksum of raw payload chunk c (payload of len bytes at p).
-PZ_HOST_SIMD_CLONES inline uint32_t raw_chunk_checksum(const uint8_t* p, uint64_t c, uint64_t len) {
+inline uint32_t raw_chunk_checksum(const uint8_t* p, uint64_t c, uint64_t len) {
   const uint64_t lo = (c << fmt::kRawChunkLog2) / 4;
-  const uint64_t hi = std::min(((c + 1) << fmt::kRawChunkLog2), len + 3) / 4;
-  uint32_t s = 0;
-  const uint64_t whole = std::min(hi, len / 4);
-  for (uint64_t k = lo; k < whole; ++k) s += fmt::hash_term(get_u32(p + 4 * k), static_cast<uint32_t>(k));
-  for (uint64_t k = std::max(lo, whole); k < hi; ++k) s += fmt::hash_term(raw_word(p, k, len), static_cast<uint32_t>(k));
-  return fmt::finish_checksum(s);
+  return word_checksum(p, lo, std::min(((c + 1) << fmt::kRawChunkLog2), len + 3) / 4, len);
 }
 
 // Encodes block b into seg (capacity max_segment_bytes); returns its padded size.
@@ -116,7 +130,7 @@ uint64_t encode_block(const uint8_t* in, const fmt::Header& h, const fmt::Layout
     ++hist[sp.sym];
     write_raw(stream, l, plane16, first + i, sp);
   }
-  if (l.nsums) put_u32(stream + l.sums_begin + 4 * b, block_checksum<D>(in, first, n, h.numel));
+  if (l.nsums) put_u32(stream + l.sums_begin + 4 * b, block_checksum<D>(h, in, first, n));
   if (h.codec == fmt::Codec::Fixed) return encode_fixed(seg, syms, hist, n);
   uint16_t freq[fmt::kNumSymbols];
   rans::quantize(hist, n, freq);
@@ -131,25 +145,29 @@ uint64_t encode_block(const uint8_t* in, const fmt::Header& h, const fmt::Layout
   uint32_t x[kLanes];
   for (int k = 0; k < kLanes; ++k) x[k] = fmt::kStateLow;
   uint64_t words = 0;
-  const uint32_t steps = (n + kLanes - 1) / kLanes;
+  const bool contig = h.version >= fmt::kContigVersion;
+  const uint32_t steps = rans_step_count(contig, n);
   for (uint32_t s = 0; s < steps && !stored; ++s) {
-    const uint32_t base = s * kLanes;
-    const int active = static_cast<int>(std::min<uint32_t>(kLanes, n - base));
     int count = 0;
-    for (int k = 0; k < active; ++k) count += rans::enc_renorm_needed(x[k], encsym[syms[base + k]] & 0xffff);
+    for (int k = 0; k < kLanes; ++k) {
+      const uint32_t i = rans_symbol(contig, s, k);
+      if (i < n) count += rans::enc_renorm_needed(x[k], encsym[syms[i]] & 0xffff);
+    }
     if (prefix + 2 * (words + count) >= limit) {
       stored = true;
       break;
     }
-    for (int k = 0; k < active; ++k) {
-      const uint32_t es = encsym[syms[base + k]];
+    for (int k = 0; k < kLanes; ++k) {
+      const uint32_t i = rans_symbol(contig, s, k);
+      if (i >= n) continue;
+      const uint32_t es = encsym[syms[i]];
       if (rans::enc_renorm_needed(x[k], es & 0xffff)) {
         seg[prefix + 2 * words] = static_cast<uint8_t>(x[k]);
         seg[prefix + 2 * words + 1] = static_cast<uint8_t>(x[k] >> 8);
         ++words;
         x[k] >>= 16;
       }
-      x[k] = rans::enc_put_magic(x[k], es & 0xffff, es >> 16, magic[syms[base + k]]);
+      x[k] = rans::enc_put_magic(x[k], es & 0xffff, es >> 16, magic[syms[i]]);
     }
   }
   if (stored) return store_segment(seg, syms, n);
@@ -202,22 +220,22 @@ uint32_t decode_symbols(const uint8_t* stream, const fmt::Header& h, const fmt::
     if (x[k] < fmt::kStateLow) return kErrStream;
   }
   uint64_t rp = words;
-  const uint32_t steps = (n + kLanes - 1) / kLanes;
-  for (uint32_t s = steps; s-- > 0;) {
-    const uint32_t base = s * kLanes;
-    const int active = static_cast<int>(std::min<uint32_t>(kLanes, n - base));
+  const bool contig = h.version >= fmt::kContigVersion;
+  for (uint32_t s = rans_step_count(contig, n); s-- > 0;) {
     int count = 0;
-    for (int k = 0; k < active; ++k) {
+    for (int k = 0; k < kLanes; ++k) {
+      const uint32_t i = rans_symbol(contig, s, k);
+      if (i >= n) continue;
       const uint8_t sym = lookup[x[k] & (fmt::kProbScale - 1)];
       const uint32_t es = encsym[sym];
       x[k] = rans::dec_step(x[k], es & 0xffff, es >> 16);
-      emit(base + k, sym);
+      emit(i, sym);
       count += x[k] < fmt::kStateLow;
     }
     if (static_cast<uint64_t>(count) > rp) return kErrStream;
     uint64_t r = rp - count;
-    for (int k = 0; k < active; ++k)
-      if (x[k] < fmt::kStateLow) {
+    for (int k = 0; k < kLanes; ++k)
+      if (rans_symbol(contig, s, k) < n && x[k] < fmt::kStateLow) {
         x[k] = (x[k] << 16) | wp[2 * r] | (uint32_t(wp[2 * r + 1]) << 8);
         ++r;
       }
@@ -236,7 +254,7 @@ uint32_t decode_block(const uint8_t* stream, const fmt::Header& h, const fmt::La
   if (!l.nsums) return 0;
   const uint64_t first = b << h.block_log2;
   const uint32_t want = get_u32(stream + l.sums_begin + 4 * b);
-  return block_checksum<D>(out, first, fmt::block_symbols(h, l, b), h.numel) == want ? 0 : kErrChecksum;
+  return block_checksum<D>(h, out, first, fmt::block_symbols(h, l, b)) == want ? 0 : kErrChecksum;
 }
 
 template <class F>

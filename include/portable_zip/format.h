@@ -1,4 +1,4 @@
-// The portable_zip wire format, version 2 (version 1 streams still decode).
+// The portable_zip wire format, version 3 (versions 1 and 2 still decode).
 // docs/FORMAT.md is the byte-by-byte description; this header is its
 // executable form. All integers are little-endian. Nothing here depends on the
 // vendor or the warp width.
@@ -10,8 +10,12 @@
 namespace pz::fmt {
 
 constexpr uint8_t kMagic[4] = {'P', 'Z', 'I', 'P'};
-constexpr uint8_t kVersion = 2;     // what the encoder writes
+constexpr uint32_t kMagicWord = 'P' | 'Z' << 8 | 'I' << 16 | static_cast<uint32_t>('P') << 24;  // device code reads this
+constexpr uint8_t kVersion = 3;     // what the encoder writes
 constexpr uint8_t kMinVersion = 1;  // the oldest the decoder reads (no checksums)
+// Version 3: a rANS lane codes runs of kLaneRun consecutive symbols (one
+// 16-byte vector of input), and block checksums hash 32-bit words.
+constexpr uint8_t kContigVersion = 3;
 
 // rANS constants. The interleave width is part of the format, not the hardware.
 constexpr int kLanes = 32;
@@ -19,6 +23,8 @@ constexpr int kProbBits = 12;
 constexpr uint32_t kProbScale = 1u << kProbBits;
 constexpr uint32_t kStateLow = 1u << 16;  // L: states live in [L, 2^32)
 constexpr int kNumSymbols = 256;
+constexpr int kLaneRun = 8;                     // v3: consecutive symbols per lane per row
+constexpr int kRowSymbols = kLanes * kLaneRun;  // v3: a row, kLaneRun steps
 static_assert(kLanes == kGroupLanes, "group width must equal the format's lane count");
 
 // Blocks hold 2^block_log2 symbols. The decoder accepts the whole range; the
@@ -118,6 +124,9 @@ PZ_HOST_DEVICE constexpr uint64_t num_symbols(DType d, uint64_t numel) {
 // Raw planes: an 8-bit plane (one byte per symbol) always; fp32 adds a 16-bit
 // plane holding the low mantissa bits.
 PZ_HOST_DEVICE constexpr bool has_plane16(DType d) { return d == DType::Float32; }
+
+// Tensor bytes per symbol (an fp8 symbol is a pair of elements).
+PZ_HOST_DEVICE constexpr uint32_t symbol_bytes(DType d) { return d == DType::Float32 ? 4 : 2; }
 
 PZ_HOST_DEVICE PZ_FORCE_INLINE uint32_t get_u32(const uint8_t* p) {
   return p[0] | (uint32_t(p[1]) << 8) | (uint32_t(p[2]) << 16) | (uint32_t(p[3]) << 24);
@@ -284,7 +293,7 @@ inline void write_header(const Header& h, uint8_t* out) {
 }
 
 // Worst-case stream size: every block stored.
-inline uint64_t max_stream_bytes(const Header& h) {
+PZ_HOST_DEVICE inline uint64_t max_stream_bytes(const Header& h) {
   const Layout l = layout_of(h);
   if (h.codec == Codec::Raw) return l.coded_begin;
   uint64_t total = l.coded_begin;
@@ -330,11 +339,11 @@ inline const char* parse_error_text(ParseError e) {
 // Validates every header field. p holds the first head_len bytes of a stream
 // of stream_len bytes. After Ok, the layout's regions all lie inside
 // [0, total_bytes) and total_bytes <= stream_len.
-inline ParseError parse_header(const uint8_t* p, uint64_t head_len, uint64_t stream_len, Header* h) {
+// Host and device: a GPU decode with no host sync parses on the device.
+PZ_HOST_DEVICE inline ParseError parse_header(const uint8_t* p, uint64_t head_len, uint64_t stream_len, Header* h) {
   const uint64_t len = head_len < stream_len ? head_len : stream_len;
   if (len < kFixedHeaderBytes) return ParseError::TooShort;
-  for (int i = 0; i < 4; ++i)
-    if (p[i] != kMagic[i]) return ParseError::BadMagic;
+  if (get_u32(p) != kMagicWord) return ParseError::BadMagic;
   h->version = p[4];
   if (h->version < kMinVersion || h->version > kVersion) return ParseError::BadVersion;
   if (p[5] == 0 || p[5] >= static_cast<uint8_t>(DType::Count)) return ParseError::BadDType;

@@ -40,6 +40,34 @@ struct DecompressParams {
   fmt::Header h;
 };
 
+// One decode whose header the kernel parses (no host sync): the launcher
+// knows only what the output says (dtype, shape: `expect`) and the work
+// (blocks, or raw chunks) a stream of that tensor from this encoder has.
+struct DeviceDecode {
+  const uint8_t* in;
+  uint64_t in_len;
+  uint8_t* out;
+  uint32_t* err;    // DecodeError bits are OR-ed in (a header's: kErrHeader, kErrMismatch)
+  uint64_t work;    // expected blocks or raw chunks; a stream with other counts is decoded by one ticket
+  fmt::Header expect;
+};
+
+// One launch decodes one stream (`one`) or a batch (`jobs`, in device memory,
+// ticket_end[j] the first ticket after job j). A ticket is up to
+// kGroupsPerCta blocks or chunks of one job; CTAs stride over the tickets.
+struct DeviceDecodeLaunch {
+  DeviceDecode one;
+  const DeviceDecode* jobs;
+  const uint64_t* ticket_end;
+  uint64_t tickets;
+  uint32_t njobs;
+};
+static_assert(sizeof(DeviceDecode) % 8 == 0, "staged into shared memory in 4-byte words");
+
+PZ_HOST_DEVICE constexpr uint64_t raw_chunks(const fmt::Layout& l) {
+  return (l.raw_end - l.raw_begin + (1ull << fmt::kRawChunkLog2) - 1) >> fmt::kRawChunkLog2;
+}
+
 // A stream stored raw (codec 0). Encode: in is the tensor, out the stream,
 // header its serialized bytes through raw_begin. Decode: in is the stream.
 struct RawParams {

@@ -65,8 +65,10 @@ def measure(system: str, tensors: List[str], sizes: List[int], reps: int, seed: 
                     comp, decomp, size = prep
                     if system == "ours-batch":  # 64 tensors of nbytes each per call; host work is larger
                         tc = device_median(comp, reps, sleep_cycles=20_000_000)
+                        td = device_median(decomp, reps, sleep_cycles=20_000_000)
                         row.update(ratio=size / nbytes, tensors=64, compress_GBps=64 * nbytes / tc / 1e9,
-                                   compress_us=tc * 1e6)
+                                   compress_us=tc * 1e6, decompress_GBps=64 * nbytes / td / 1e9,
+                                   decompress_us=td * 1e6)
                     else:
                         tc, td = device_median(comp, reps), device_median(decomp, reps)
                         row.update(ratio=size / nbytes, compress_GBps=nbytes / tc / 1e9,
