@@ -127,7 +127,7 @@ def plot(rows: list, path: str, tensor: str = HEAD_TO_HEAD) -> None:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--systems", default="ours,ours-fixed,nvcomp,dietgpu")
+    p.add_argument("--systems", default="ours,ours-api,ours-fixed,nvcomp,dietgpu")
     p.add_argument("--sizes", default=DEFAULT_SIZES)
     p.add_argument("--tensors", default=f"{HEAD_TO_HEAD};bf16 U[-1,1]", help="tensors every system runs at every size, ;-separated")
     p.add_argument("--dtype-size", default="256MiB", help="ours runs the other dtypes at this size ('' to skip)")
