@@ -26,6 +26,9 @@ namespace pz::gpu {
   }                                                                                                         \
   extern "C" PZ_GLOBAL void __launch_bounds__(kCtaThreads) pz_decode_##D(DeviceDecodeLaunch l) {            \
     device_decode_kernel<fmt::DType::D>(l);                                                                 \
+  }                                                                                                         \
+  extern "C" PZ_GLOBAL void __launch_bounds__(kCtaThreads) pz_decode_fast_##D(FastDecode f) {               \
+    fast_decode_kernel<fmt::DType::D>(f);                                                                   \
   }
 
 PZ_CODED(BFloat16)

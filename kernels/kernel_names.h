@@ -37,6 +37,9 @@ inline std::string device_decode_name(fmt::DType d) {
   return std::string("pz_decode_") + (dtype_token(d) ? dtype_token(d) : "Raw");
 }
 
+// pz_decode_fast_<dtype>: the expected rANS stream of one output, its parameters from the launch.
+inline std::string fast_decode_name(fmt::DType d) { return std::string("pz_decode_fast_") + dtype_token(d); }
+
 inline std::string raw_name(bool encode, bool vec, bool is_bool) {
   return std::string("pz_raw_") + (encode ? "true_" : "false_") + (vec ? "true_" : "false_") + (is_bool ? "true" : "false");
 }

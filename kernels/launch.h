@@ -37,8 +37,9 @@ int gpu_decompress(const uint8_t* in, const fmt::Header& h, uint8_t* out, uint32
 // decodes stream ins[j] (in_lens[j] bytes, 16-byte aligned) into outs[j],
 // described by expects[j] (plan_header of the output's dtype and shape), and
 // ORs DecodeError bits into *errs[j] (device), kErrHeader and kErrMismatch
-// included. One launch for jobs of one coded dtype, or of dtypes never coded.
-// Workspace: gpu_decode_batch_workspace_bytes(n), 16-byte aligned (none for n = 1).
+// included. One launch for jobs of one coded dtype, or of dtypes never coded;
+// a single rANS job gets a second, its fast path (gpu_params.h, FastDecode).
+// Workspace: gpu_decode_batch_workspace_bytes(n) bytes, 16-byte aligned.
 uint64_t gpu_decode_batch_workspace_bytes(int n);
 int gpu_decode_batch(const uint8_t* const* ins, const uint64_t* in_lens, uint8_t* const* outs, uint32_t* const* errs,
                      const fmt::Header* expects, int n, void* workspace, void* stream, int device, int max_sms);

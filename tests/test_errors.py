@@ -347,3 +347,24 @@ def test_bad_thread_count_rejected(threads):
         pz.compress(t, threads=threads)
     with pytest.raises(ValueError, match="threads"):
         pz.decompress(pz.compress(t), threads=threads)
+
+
+def test_cpu_decodes_check_before_returning():
+    """CPU decodes raise at once (pz.check() has nothing to wait for), in
+    decompress and in decompress_batch, which names the failing stream."""
+    good = stream()
+    bad = good.clone()
+    bad[-20] ^= 0x10
+    pz.check()
+    assert pz.checks.pending() == 0
+    with pytest.raises(pz.FormatError, match="corrupted stream"):
+        pz.decompress(bad, check=True)
+    with pytest.raises(pz.FormatError):
+        pz.decompress_batch([good, bad])
+    out = pz.decompress(good)
+    with pytest.raises(ValueError, match="but the stream holds"):
+        pz.decompress(good, out=torch.empty(out.numel() + 1, dtype=out.dtype))
+    with pytest.raises(ValueError, match="2 streams but 1 outputs"):
+        pz.decompress_batch([good, good], out=[out])
+    assert pz.decompress_batch([good, good], out=[out, torch.empty_like(out)])[0] is out
+    pz.check()

@@ -259,7 +259,7 @@ def test_gpu_decompress_out_queues_without_sync():
     big = torch.randn(1 << 26, device=DEV)
     cases = [weights(rng, n, d) for d in (torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn,
                                           torch.float8_e5m2) for n in (0, 1, 4097, 300_001)]
-    cases += [random_bits(rng, 70_001, torch.int64).reshape(-1, 7), random_bits(rng, 3, torch.uint8),
+    cases += [random_bits(rng, 70_000, torch.int64).reshape(-1, 7), random_bits(rng, 3, torch.uint8),
               torch.from_numpy(rng.integers(0, 2, 65_539).astype(np.bool_))]
     for t in cases:
         for codec in ("rans", "fixed"):

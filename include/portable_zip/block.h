@@ -29,7 +29,7 @@ constexpr int kParseErrorShift = 8;
 PZ_HOST_DEVICE inline bool segment_bounds(const uint8_t* stream, const fmt::Header& h, const fmt::Layout& l,
                                           uint64_t b, uint64_t* begin, uint64_t* end) {
   const uint8_t* offs = stream + l.offsets_begin;
-  const uint64_t coded_len = h.total_bytes - l.coded_begin;
+  const uint64_t coded_len = l.total - l.coded_begin;
   *begin = b == 0 ? 0 : fmt::get_u64(offs + 8 * (b - 1));
   *end = fmt::get_u64(offs + 8 * b);
   const uint64_t n = fmt::block_symbols(h, l, b);

@@ -185,10 +185,12 @@ struct Layout {
   uint64_t sums_begin;     // v2: u32 checksum of each block (coded) or payload chunk (raw)
   uint64_t nsums;          // v2: how many; 0 in v1
   uint64_t coded_begin;    // Raw codec: the end of the stream
+  uint64_t total;          // h.total_bytes: where the last block segment ends
 };
 
 PZ_HOST_DEVICE inline Layout layout_of(const Header& h) {
   Layout l{};
+  l.total = h.total_bytes;
   l.header_bytes = kFixedHeaderBytes + 8ull * h.ndim;
   l.raw_begin = align_up(l.header_bytes, kAlign);
   const bool sums = h.version >= 2;

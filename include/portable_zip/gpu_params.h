@@ -49,7 +49,21 @@ struct DeviceDecode {
   uint8_t* out;
   uint32_t* err;    // DecodeError bits are OR-ed in (a header's: kErrHeader, kErrMismatch)
   uint64_t work;    // expected blocks or raw chunks; a stream with other counts is decoded by one ticket
+  uint64_t* fast_total;  // with a FastDecode queued after this launch: where the job's first ticket writes
+                         // the stream's total if it is as expected (the fast kernel decodes it), else 0
   fmt::Header expect;
+};
+
+// The fast path of one device-parsed decode, queued after the general kernel
+// has parsed the header: the stream this encoder writes for the output (p.h =
+// plan_header: version, rANS, block size), passed by value so the decode
+// loop reads its parameters from the launch as the host-parsed kernels do
+// (read from shared memory, or with the parse in the same kernel, they cost
+// 10-30% more registers, and occupancy with them). *total: 0 when the stream
+// is not as expected (the general kernel decoded or rejected it).
+struct FastDecode {
+  DecompressParams p;
+  const uint64_t* total;
 };
 
 // One launch decodes one stream (`one`) or a batch (`jobs`, in device memory,
@@ -62,6 +76,12 @@ struct DeviceDecodeLaunch {
   uint64_t tickets;
   uint32_t njobs;
 };
+PZ_HOST_DEVICE inline bool same_plan(const fmt::Header& a, const fmt::Header& b) {
+  bool same = a.version == b.version && a.dtype == b.dtype && a.codec == b.codec && a.ndim == b.ndim &&
+              a.numel == b.numel && a.block_log2 == b.block_log2;
+  for (int d = 0; d < a.ndim && d < fmt::kMaxDims; ++d) same = same && a.shape[d] == b.shape[d];
+  return same;
+}
 static_assert(sizeof(DeviceDecode) % 8 == 0, "staged into shared memory in 4-byte words");
 
 PZ_HOST_DEVICE constexpr uint64_t raw_chunks(const fmt::Layout& l) {
