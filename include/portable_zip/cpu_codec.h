@@ -114,22 +114,97 @@ inline uint32_t raw_chunk_checksum(const uint8_t* p, uint64_t c, uint64_t len) {
   return word_checksum(p, lo, std::min(((c + 1) << fmt::kRawChunkLog2), len + 3) / 4, len);
 }
 
+// The v3 rANS encode of one block's symbols (docs/FORMAT.md, "Interleaved
+// rANS"): lane k codes symbols 8k .. 8k+7 of each 256-symbol row in order,
+// one step per column, the lanes of a step in order. Words go to seg at
+// `prefix` as long as prefix + 2 * words stays under limit; returns false
+// (stored) when a step would reach it. Word stores are unconditional (a
+// renormalization is data-dependent: a branch on it mispredicts), and the
+// exact limit test runs only on steps that could reach it.
+inline bool rans_encode_rows(const uint8_t* syms, uint32_t n, const uint32_t* encsym, const rans::DivMagic* magic,
+                             uint8_t* seg, uint32_t prefix, uint64_t limit, uint32_t* x, uint64_t* words_out) {
+  uint64_t words = 0;
+  for (uint32_t row = 0; row < n; row += fmt::kRowSymbols) {
+    const uint8_t* r = syms + row;
+    const uint32_t left = std::min<uint32_t>(fmt::kRowSymbols, n - row);
+    for (int j = 0; j < fmt::kLaneRun; ++j) {
+      const int lanes = left == fmt::kRowSymbols ? kLanes : static_cast<int>(std::min<uint32_t>(kLanes, (left + fmt::kLaneRun - 1 - j) / fmt::kLaneRun));
+      if (prefix + 2 * (words + kLanes + 1) >= limit) {  // near the limit: count, then store only what is needed
+        uint64_t count = 0;
+        for (int k = 0; k < lanes; ++k) count += rans::enc_renorm_needed(x[k], encsym[r[fmt::kLaneRun * k + j]] & 0xffff);
+        if (prefix + 2 * (words + count) >= limit) return false;
+        for (int k = 0; k < lanes; ++k) {
+          const uint32_t sym = r[fmt::kLaneRun * k + j];
+          const uint32_t es = encsym[sym];
+          if (rans::enc_renorm_needed(x[k], es & 0xffff)) {
+            seg[prefix + 2 * words] = static_cast<uint8_t>(x[k]);
+            seg[prefix + 2 * words + 1] = static_cast<uint8_t>(x[k] >> 8);
+            ++words;
+            x[k] >>= 16;
+          }
+          x[k] = rans::enc_put_magic(x[k], es & 0xffff, es >> 16, magic[sym]);
+        }
+        continue;
+      }
+      uint8_t* w = seg + prefix + 2 * words;  // every store, the last unneeded one too, is below limit
+      for (int k = 0; k < lanes; ++k) {
+        const uint32_t sym = r[fmt::kLaneRun * k + j];
+        const uint32_t es = encsym[sym];
+        const uint32_t need = rans::enc_renorm_needed(x[k], es & 0xffff);
+        w[0] = static_cast<uint8_t>(x[k]);  // overwritten unless needed
+        w[1] = static_cast<uint8_t>(x[k] >> 8);
+        w += 2 * need;
+        const uint32_t xr = need ? x[k] >> 16 : x[k];
+        x[k] = rans::enc_put_magic(xr, es & 0xffff, es >> 16, magic[sym]);
+      }
+      words = static_cast<uint64_t>(w - (seg + prefix)) / 2;
+    }
+  }
+  *words_out = words;
+  return true;
+}
+
+// Pass 1 of a block: split, histogram, raw planes. Four histograms, summed
+// after: skewed data sends most symbols to one counter, and one counter
+// would chain every increment through a store and a load.
+template <fmt::DType D>
+PZ_FORCE_INLINE void split_block(const uint8_t* in, const fmt::Header& h, const fmt::Layout& l, uint64_t first,
+                                 uint32_t n, uint8_t* stream, uint8_t* syms, uint32_t* hist) {
+  using T = FloatTraits<D>;
+  constexpr bool plane16 = fmt::has_plane16(D);
+  uint32_t h4[4][fmt::kNumSymbols] = {};
+  uint8_t* raw8 = stream + l.raw_begin + first;
+  uint8_t* raw16 = stream + l.plane16_begin + 2 * first;
+  uint32_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+#pragma GCC unroll 4
+    for (int u = 0; u < 4; ++u) {
+      const Split sp = T::split(in, first + i + u, h.numel);
+      syms[i + u] = sp.sym;
+      ++h4[u][sp.sym];
+      raw8[i + u] = sp.raw8;
+      if constexpr (plane16) memcpy(raw16 + 2 * (i + u), &sp.raw16, 2);  // little-endian hosts (platform.h)
+    }
+  }
+  for (; i < n; ++i) {
+    const Split sp = T::split(in, first + i, h.numel);
+    syms[i] = sp.sym;
+    ++h4[0][sp.sym];
+    write_raw(stream, l, plane16, first + i, sp);
+  }
+  for (int s = 0; s < fmt::kNumSymbols; ++s) hist[s] = h4[0][s] + h4[1][s] + h4[2][s] + h4[3][s];
+}
+
 // Encodes block b into seg (capacity max_segment_bytes); returns its padded size.
-// Also writes the block's raw bits into the stream's raw planes and (v2) its checksum.
+// Also writes the block's raw bits into the stream's raw planes and its checksum.
+// The encoder writes the current version only (v3 lanes).
 template <fmt::DType D>
 uint64_t encode_block(const uint8_t* in, const fmt::Header& h, const fmt::Layout& l, uint64_t b,
                       uint8_t* stream, uint8_t* seg, uint8_t* syms) {
-  using T = FloatTraits<D>;
-  const bool plane16 = fmt::has_plane16(D);
   const uint64_t first = b << h.block_log2;
   const uint32_t n = fmt::block_symbols(h, l, b);
-  uint32_t hist[fmt::kNumSymbols] = {};
-  for (uint32_t i = 0; i < n; ++i) {
-    const Split sp = T::split(in, first + i, h.numel);
-    syms[i] = sp.sym;
-    ++hist[sp.sym];
-    write_raw(stream, l, plane16, first + i, sp);
-  }
+  uint32_t hist[fmt::kNumSymbols];
+  split_block<D>(in, h, l, first, n, stream, syms, hist);
   if (l.nsums) put_u32(stream + l.sums_begin + 4 * b, block_checksum<D>(h, in, first, n));
   if (h.codec == fmt::Codec::Fixed) return encode_fixed(seg, syms, hist, n);
   uint16_t freq[fmt::kNumSymbols];
@@ -137,7 +212,6 @@ uint64_t encode_block(const uint8_t* in, const fmt::Header& h, const fmt::Layout
   const uint64_t limit = 1ull + n;
   const int table_bytes = rans::write_table(freq, seg + 1);
   const uint32_t prefix = rans::rans_prefix_bytes(table_bytes);
-  bool stored = prefix >= limit;
   uint32_t encsym[fmt::kNumSymbols];
   build_encsym(freq, encsym);
   rans::DivMagic magic[fmt::kNumSymbols];  // the GPU's exact divide, also faster than div here
@@ -145,38 +219,57 @@ uint64_t encode_block(const uint8_t* in, const fmt::Header& h, const fmt::Layout
   uint32_t x[kLanes];
   for (int k = 0; k < kLanes; ++k) x[k] = fmt::kStateLow;
   uint64_t words = 0;
-  const bool contig = h.version >= fmt::kContigVersion;
-  const uint32_t steps = rans_step_count(contig, n);
-  for (uint32_t s = 0; s < steps && !stored; ++s) {
-    int count = 0;
-    for (int k = 0; k < kLanes; ++k) {
-      const uint32_t i = rans_symbol(contig, s, k);
-      if (i < n) count += rans::enc_renorm_needed(x[k], encsym[syms[i]] & 0xffff);
-    }
-    if (prefix + 2 * (words + count) >= limit) {
-      stored = true;
-      break;
-    }
-    for (int k = 0; k < kLanes; ++k) {
-      const uint32_t i = rans_symbol(contig, s, k);
-      if (i >= n) continue;
-      const uint32_t es = encsym[syms[i]];
-      if (rans::enc_renorm_needed(x[k], es & 0xffff)) {
-        seg[prefix + 2 * words] = static_cast<uint8_t>(x[k]);
-        seg[prefix + 2 * words + 1] = static_cast<uint8_t>(x[k] >> 8);
-        ++words;
-        x[k] >>= 16;
-      }
-      x[k] = rans::enc_put_magic(x[k], es & 0xffff, es >> 16, magic[syms[i]]);
-    }
-  }
-  if (stored) return store_segment(seg, syms, n);
+  if (prefix >= limit || !rans_encode_rows(syms, n, encsym, magic, seg, prefix, limit, x, &words))
+    return store_segment(seg, syms, n);
   seg[0] = fmt::kModeRans;
   const uint32_t wpos = static_cast<uint32_t>(fmt::align_up(1 + table_bytes, 4));
   memset(seg + 1 + table_bytes, 0, wpos - 1 - table_bytes);
   put_u32(seg + wpos, static_cast<uint32_t>(words));
   for (int k = 0; k < kLanes; ++k) put_u32(seg + wpos + 4 + 4 * k, x[k]);
   return pad_segment(seg, prefix + 2 * words);
+}
+
+// The v3 rANS decode of one block (the inverse of rans_encode_rows): rows
+// last to first, columns 7 .. 0, the lanes of a step in reverse order, so a
+// lane that renormalizes takes the word just below the read position (the
+// same words, in the same lanes, as the forward assignment of docs/FORMAT.md)
+// and every step is one pass. False when the words run out.
+template <fmt::DType D>
+PZ_FORCE_INLINE bool rans_decode_rows(const uint8_t* stream, const fmt::Header& h, const fmt::Layout& l, uint64_t first,
+                                      uint32_t n, const uint8_t* lookup, const uint32_t* encsym, const uint8_t* wp,
+                                      uint32_t* x, uint64_t* rp_io, uint8_t* out) {
+  using T = FloatTraits<D>;
+  constexpr bool plane16 = fmt::has_plane16(D);
+  uint64_t rp = *rp_io;
+  uint8_t syms[fmt::kRowSymbols];
+  const uint32_t rows = (n + fmt::kRowSymbols - 1) / fmt::kRowSymbols;
+  for (uint32_t row = rows; row-- > 0;) {
+    const uint32_t base = row * fmt::kRowSymbols;
+    const uint32_t left = std::min<uint32_t>(fmt::kRowSymbols, n - base);
+    for (int j = fmt::kLaneRun - 1; j >= 0; --j) {
+      const int lanes = left == fmt::kRowSymbols ? kLanes
+                                                  : static_cast<int>(std::min<uint32_t>(kLanes, (left + fmt::kLaneRun - 1 - j) / fmt::kLaneRun));
+      for (int k = lanes - 1; k >= 0; --k) {
+        const uint32_t slot = x[k] & (fmt::kProbScale - 1);
+        const uint8_t sym = lookup[slot];
+        const uint32_t es = encsym[sym];
+        uint32_t y = rans::dec_step(x[k], es & 0xffff, es >> 16);
+        syms[fmt::kLaneRun * k + j] = sym;
+        if (y < fmt::kStateLow) {  // a branch: rare enough to predict, and it keeps rp off the state chain
+          if (rp == 0) return false;
+          --rp;
+          y = (y << 16) | wp[2 * rp] | (uint32_t(wp[2 * rp + 1]) << 8);
+        }
+        x[k] = y;
+      }
+    }
+    // The row's elements, in memory order.
+    const uint8_t* raw8 = stream + l.raw_begin + first + base;
+    for (uint32_t i = 0; i < left; ++i)
+      T::join(out, first + base + i, h.numel, syms[i], raw8[i], raw16_at(stream, l, plane16, first + base + i));
+  }
+  *rp_io = rp;
+  return true;
 }
 
 // Decodes block b's symbols. Returns DecodeError bits (0 = ok). Never touches
@@ -221,7 +314,10 @@ uint32_t decode_symbols(const uint8_t* stream, const fmt::Header& h, const fmt::
   }
   uint64_t rp = words;
   const bool contig = h.version >= fmt::kContigVersion;
-  for (uint32_t s = rans_step_count(contig, n); s-- > 0;) {
+  if (contig) {
+    if (!rans_decode_rows<D>(stream, h, l, first, n, lookup, encsym, wp, x, &rp, out)) return kErrStream;
+  } else {
+    for (uint32_t s = rans_step_count(false, n); s-- > 0;) {
     int count = 0;
     for (int k = 0; k < kLanes; ++k) {
       const uint32_t i = rans_symbol(contig, s, k);
@@ -240,6 +336,7 @@ uint32_t decode_symbols(const uint8_t* stream, const fmt::Header& h, const fmt::
         ++r;
       }
     rp -= count;
+    }
   }
   if (rp != 0) return kErrStream;
   for (int k = 0; k < kLanes; ++k)
