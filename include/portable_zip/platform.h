@@ -56,6 +56,13 @@
 #define PZ_HOST_SIMD_CLONES
 #endif
 
+// Host code only: hand-written AVX2 paths of the CPU codec (cpu_simd.h),
+// compiled with a target attribute and chosen at run time (scalar otherwise).
+#if defined(PZ_HOST) && defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define PZ_HOST_AVX2 1
+#define PZ_TARGET_AVX2 __attribute__((target("avx2,bmi2,popcnt")))
+#endif
+
 // Async global->shared copies (cp.async) exist from sm_80 on.
 #if defined(PZ_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 #define PZ_HAS_CP_ASYNC 1
