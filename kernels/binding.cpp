@@ -13,6 +13,7 @@
 #include "device_api.h"
 #include "launch.h"
 #include "portable_zip/block.h"
+#include "portable_zip/cpu_simd.h"
 #if defined(PZ_WITH_FABRIC)
 #include "engine.h"
 #endif
@@ -112,6 +113,7 @@ NB_MODULE(_C, m) {
   });
 
   m.def("decode_error_text", &decode_error_text);
+  m.def("cpu_simd", [] { return std::string(cpu::simd::avx2_enabled() ? "avx2" : "scalar"); });
 
   // Region offsets that depend only on dtype, numel and ndim: what a peer can
   // post receives for before it sees the stream's header.

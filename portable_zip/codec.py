@@ -432,6 +432,7 @@ def backend_info(device: Optional[int] = None) -> dict:
         # transport="fabric": built in (libfabric headers at build time) and libfabric loadable now.
         "fabric": "available" if not _C.fabric_probe() else "unavailable",
         "fabric_detail": _C.fabric_probe() or "libfabric loads",
+        "cpu_simd": _C.cpu_simd(),  # the CPU codec's coder loops: avx2, or scalar (no AVX2, or PZ_CPU_SIMD=0)
     }
     if usable and torch.cuda.is_available():
         _device.require()

@@ -122,12 +122,27 @@ inline uint32_t raw_chunk_checksum(const uint8_t* p, uint64_t c, uint64_t len) {
 // (stored) when a step would reach it. Word stores are unconditional (a
 // renormalization is data-dependent: a branch on it mispredicts), and the
 // exact limit test runs only on steps that could reach it.
-inline bool rans_encode_rows(const uint8_t* syms, uint32_t n, const uint32_t* encsym, const rans::DivMagic* magic,
-                             uint8_t* seg, uint32_t prefix, uint64_t limit, uint32_t* x, uint64_t* words_out) {
+inline bool rans_encode_rows(const uint8_t* syms, const uint8_t* cols, uint32_t n, const uint32_t* encsym,
+                             const rans::DivMagic* magic, uint8_t* seg, uint32_t prefix, uint64_t limit, uint32_t* x,
+                             uint64_t* words_out) {
   uint64_t words = 0;
+#if defined(PZ_HOST_AVX2)
+  uint32_t packed[2 * fmt::kNumSymbols];  // the GPU's encode table: freq | cum << 13 | shift << 25, magic
+  if (cols)
+    for (int sy = 0; sy < fmt::kNumSymbols; ++sy)
+      packed[2 * sy] = (encsym[sy] & 0xffff) | (encsym[sy] >> 16) << 13 | magic[sy].shift << 25,
+      packed[2 * sy + 1] = magic[sy].magic;
+#endif
   for (uint32_t row = 0; row < n; row += fmt::kRowSymbols) {
     const uint8_t* r = syms + row;
     const uint32_t left = std::min<uint32_t>(fmt::kRowSymbols, n - row);
+#if defined(PZ_HOST_AVX2)
+    // A whole row far from the limit: at most 256 words, and 16 bytes of slack for the vector stores.
+    if (cols && left == fmt::kRowSymbols && prefix + 2 * (words + fmt::kRowSymbols) + 16 < limit) {
+      words += simd::encode_row(x, cols + row, packed, seg + prefix + 2 * words);
+      continue;
+    }
+#endif
     for (int j = 0; j < fmt::kLaneRun; ++j) {
       const int lanes = left == fmt::kRowSymbols ? kLanes : static_cast<int>(std::min<uint32_t>(kLanes, (left + fmt::kLaneRun - 1 - j) / fmt::kLaneRun));
       if (prefix + 2 * (words + kLanes + 1) >= limit) {  // near the limit: count, then store only what is needed
@@ -165,35 +180,45 @@ inline bool rans_encode_rows(const uint8_t* syms, uint32_t n, const uint32_t* en
   return true;
 }
 
-// Pass 1 of a block: split, histogram, raw planes. Four histograms, summed
-// after: skewed data sends most symbols to one counter, and one counter
-// would chain every increment through a store and a load.
+// Pass 1 of a block: split, histogram, raw planes, as three loops: the split
+// vectorizes on its own; the histogram counts into four tables, summed after
+// (skewed data sends most symbols to one counter, and one table would chain
+// every increment through a store and a load); cols (may be null) gets the
+// symbols again, each row column by column (lane k's symbol of column j at
+// 32j + k), for the AVX2 encoder's 8-lane loads.
 template <fmt::DType D>
 PZ_FORCE_INLINE void split_block(const uint8_t* in, const fmt::Header& h, const fmt::Layout& l, uint64_t first,
-                                 uint32_t n, uint8_t* stream, uint8_t* syms, uint32_t* hist) {
+                                 uint32_t n, uint8_t* stream, uint8_t* syms, uint8_t* cols, uint32_t* hist) {
   using T = FloatTraits<D>;
   constexpr bool plane16 = fmt::has_plane16(D);
-  uint32_t h4[4][fmt::kNumSymbols] = {};
   uint8_t* raw8 = stream + l.raw_begin + first;
   uint8_t* raw16 = stream + l.plane16_begin + 2 * first;
-  uint32_t i = 0;
-  for (; i + 4 <= n; i += 4) {
-#pragma GCC unroll 4
-    for (int u = 0; u < 4; ++u) {
-      const Split sp = T::split(in, first + i + u, h.numel);
-      syms[i + u] = sp.sym;
-      ++h4[u][sp.sym];
-      raw8[i + u] = sp.raw8;
-      if constexpr (plane16) memcpy(raw16 + 2 * (i + u), &sp.raw16, 2);  // little-endian hosts (platform.h)
+  const bool whole = !(D == fmt::DType::Float8E4M3FN || D == fmt::DType::Float8E5M2) || 2 * (first + n) <= h.numel;
+  if (whole) {  // every symbol has all its elements: no bounds tests
+    const uint8_t* src = in + first * fmt::symbol_bytes(D);
+    for (uint32_t i = 0; i < n; ++i) {
+      const Split sp = T::split(src, i, ~0ull);
+      syms[i] = sp.sym;
+      raw8[i] = sp.raw8;
+      if constexpr (plane16) memcpy(raw16 + 2 * i, &sp.raw16, 2);  // little-endian hosts
+    }
+  } else {
+    for (uint32_t i = 0; i < n; ++i) {
+      const Split sp = T::split(in, first + i, h.numel);
+      syms[i] = sp.sym;
+      write_raw(stream, l, plane16, first + i, sp);
     }
   }
-  for (; i < n; ++i) {
-    const Split sp = T::split(in, first + i, h.numel);
-    syms[i] = sp.sym;
-    ++h4[0][sp.sym];
-    write_raw(stream, l, plane16, first + i, sp);
-  }
+  uint32_t h4[4][fmt::kNumSymbols] = {};
+  uint32_t i = 0;
+  for (; i + 4 <= n; i += 4) ++h4[0][syms[i]], ++h4[1][syms[i + 1]], ++h4[2][syms[i + 2]], ++h4[3][syms[i + 3]];
+  for (; i < n; ++i) ++h4[0][syms[i]];
   for (int s = 0; s < fmt::kNumSymbols; ++s) hist[s] = h4[0][s] + h4[1][s] + h4[2][s] + h4[3][s];
+  if (cols)
+    for (uint32_t row = 0; row < n; row += fmt::kRowSymbols) {
+      const uint32_t left = std::min<uint32_t>(fmt::kRowSymbols, n - row);
+      for (uint32_t p = 0; p < left; ++p) cols[row + (p % fmt::kLaneRun) * kLanes + p / fmt::kLaneRun] = syms[row + p];
+    }
 }
 
 // Encodes block b into seg (capacity max_segment_bytes); returns its padded size.
@@ -205,7 +230,9 @@ uint64_t encode_block(const uint8_t* in, const fmt::Header& h, const fmt::Layout
   const uint64_t first = b << h.block_log2;
   const uint32_t n = fmt::block_symbols(h, l, b);
   uint32_t hist[fmt::kNumSymbols];
-  split_block<D>(in, h, l, first, n, stream, syms, hist);
+  // syms: room for two blocks (compress()); the second holds the column-major copy.
+  uint8_t* cols = simd::avx2_enabled() && h.codec == fmt::Codec::Rans ? syms + (1u << h.block_log2) : nullptr;
+  split_block<D>(in, h, l, first, n, stream, syms, cols, hist);
   if (l.nsums) put_u32(stream + l.sums_begin + 4 * b, block_checksum<D>(h, in, first, n));
   if (h.codec == fmt::Codec::Fixed) return encode_fixed(seg, syms, hist, n);
   uint16_t freq[fmt::kNumSymbols];
@@ -220,7 +247,7 @@ uint64_t encode_block(const uint8_t* in, const fmt::Header& h, const fmt::Layout
   uint32_t x[kLanes];
   for (int k = 0; k < kLanes; ++k) x[k] = fmt::kStateLow;
   uint64_t words = 0;
-  if (prefix >= limit || !rans_encode_rows(syms, n, encsym, magic, seg, prefix, limit, x, &words))
+  if (prefix >= limit || !rans_encode_rows(syms, cols, n, encsym, magic, seg, prefix, limit, x, &words))
     return store_segment(seg, syms, n);
   seg[0] = fmt::kModeRans;
   const uint32_t wpos = static_cast<uint32_t>(fmt::align_up(1 + table_bytes, 4));
@@ -401,7 +428,7 @@ inline uint64_t compress(const uint8_t* in, fmt::Header h, uint8_t* out, int thr
   std::vector<std::vector<uint8_t>> scratch(std::max(1, threads));
   parallel_for(l.nblocks, threads, [&](int t, uint64_t lo, uint64_t hi) {
     auto& buf = scratch[t];
-    buf.resize((hi - lo) * seg_cap + (1ull << h.block_log2));
+    buf.resize((hi - lo) * seg_cap + (2ull << h.block_log2));  // segments, then two blocks of symbols
     uint8_t* syms = buf.data() + (hi - lo) * seg_cap;
     for (uint64_t b = lo; b < hi; ++b)
       sizes[b] = PZ_DISPATCH_CODED_DTYPE(h.dtype, D, [&] {

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "format.h"
+#include "rans.h"
 
 #if defined(PZ_HOST_AVX2)
 #include <immintrin.h>
@@ -37,11 +38,20 @@ inline bool avx2_enabled() {
 // rank[m][i]: how many lanes below lane i are set in the 8-lane mask m, the
 // permutation that hands the words of a step to its renormalizing lanes in
 // lane order.
+// select[m][i]: the lane of the i-th set bit of m, which packs a step's
+// words in lane order.
 struct LaneRanks {
   alignas(32) uint32_t rank[256][8];
+  alignas(32) uint32_t select[256][8];
   LaneRanks() {
-    for (int m = 0; m < 256; ++m)
-      for (int i = 0; i < 8; ++i) rank[m][i] = static_cast<uint32_t>(__builtin_popcount(m & ((1u << i) - 1)));
+    for (int m = 0; m < 256; ++m) {
+      int n = 0;
+      for (int i = 0; i < 8; ++i) {
+        rank[m][i] = static_cast<uint32_t>(__builtin_popcount(m & ((1u << i) - 1)));
+        select[m][i] = 0;
+        if (m >> i & 1) select[m][n++] = static_cast<uint32_t>(i);
+      }
+    }
   }
 };
 inline const LaneRanks& lane_ranks() {
@@ -96,6 +106,53 @@ PZ_TARGET_AVX2 inline bool decode_row(uint32_t* xs, const uint8_t* lookup, const
   for (int k = 0; k < fmt::kLanes; ++k)
     for (int j = 0; j < fmt::kLaneRun; ++j) syms[fmt::kLaneRun * k + j] = static_cast<uint8_t>(col[j][k]);
   return true;
+}
+
+// Encodes one full 256-symbol row of a v3 block (rans_encode_rows, scalar in
+// cpu_codec.h): columns 0 .. 7, lane vectors 0 .. 3, the words of a step's
+// renormalizing lanes stored in lane order at w. cols: the row column by
+// column (lane k's symbol of column j at 32j + k); enc: per symbol, freq |
+// cum << 13 | shift << 25 and the magic (rans::DivMagic; shift 31: freq 1).
+// Returns the words written. The caller leaves room for 256 words plus 16
+// bytes (each vector stores 16).
+PZ_TARGET_AVX2 inline uint32_t encode_row(uint32_t* xs, const uint8_t* cols, const uint32_t* enc, uint8_t* w) {
+  const LaneRanks& lr = lane_ranks();
+  __m256i X[4];
+  for (int v = 0; v < 4; ++v) X[v] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs + 8 * v));
+  const __m256i low16 = _mm256_set1_epi32(0xffff), f_bits = _mm256_set1_epi32(0x1fff);
+  const __m256i c_bits = _mm256_set1_epi32(0xfff), s_bits = _mm256_set1_epi32(31), one = _mm256_set1_epi32(1);
+  const int* tab = reinterpret_cast<const int*>(enc);
+  uint8_t* const w0 = w;
+  for (int j = 0; j < fmt::kLaneRun; ++j) {
+    for (int v = 0; v < 4; ++v) {
+      const __m256i sym = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(cols + 32 * j + 8 * v)));
+      const __m256i e = _mm256_i32gather_epi32(tab, sym, 8), mag = _mm256_i32gather_epi32(tab + 1, sym, 8);
+      const __m256i freq = _mm256_and_si256(e, f_bits);
+      const __m256i cum = _mm256_and_si256(_mm256_srli_epi32(e, 13), c_bits);
+      const __m256i shift = _mm256_and_si256(_mm256_srli_epi32(e, 25), s_bits);
+      const __m256i x = X[v];
+      // rans::enc_renorm_needed: x >= freq << 20, i.e. (x >> 20) >= freq (freq <= 4096).
+      const __m256i need = _mm256_cmpgt_epi32(_mm256_srli_epi32(x, 32 - fmt::kProbBits), _mm256_sub_epi32(freq, one));
+      const unsigned m = static_cast<unsigned>(_mm256_movemask_ps(_mm256_castsi256_ps(need)));
+      // The low halves of the renormalizing lanes, packed in lane order.
+      const __m256i lows = _mm256_and_si256(
+          _mm256_permutevar8x32_epi32(x, _mm256_load_si256(reinterpret_cast<const __m256i*>(lr.select[m]))), low16);
+      const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(lows, _mm256_setzero_si256()), 0xd8);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(w), _mm256_castsi256_si128(packed));
+      w += 2 * _mm_popcnt_u32(m);
+      const __m256i xr = _mm256_blendv_epi8(x, _mm256_srli_epi32(x, 16), need);
+      // rans::enc_put_magic: q = xr / freq by the magic multiply (shift 31: freq 1, q = xr).
+      const __m256i even = _mm256_srli_epi64(_mm256_mul_epu32(xr, mag), 32);
+      const __m256i odd = _mm256_mul_epu32(_mm256_srli_epi64(xr, 32), _mm256_srli_epi64(mag, 32));
+      const __m256i t = _mm256_blend_epi32(even, odd, 0xaa);
+      __m256i q = _mm256_srlv_epi32(_mm256_add_epi32(t, _mm256_srli_epi32(_mm256_sub_epi32(xr, t), 1)), shift);
+      q = _mm256_blendv_epi8(q, xr, _mm256_cmpeq_epi32(shift, s_bits));
+      X[v] = _mm256_add_epi32(_mm256_add_epi32(_mm256_slli_epi32(q, fmt::kProbBits),
+                                               _mm256_sub_epi32(xr, _mm256_mullo_epi32(q, freq))), cum);
+    }
+  }
+  for (int v = 0; v < 4; ++v) _mm256_storeu_si256(reinterpret_cast<__m256i*>(xs + 8 * v), X[v]);
+  return static_cast<uint32_t>(w - w0) / 2;
 }
 
 #endif
