@@ -39,6 +39,7 @@ def main(argv=None) -> int:
 
 
 def _bench_codec(args) -> int:
+    import numpy as np
     import torch
 
     from .bench.common import codec_rows, parse_size, print_table, write_json
@@ -56,9 +57,18 @@ def _bench_codec(args) -> int:
     rows = [r for size in (args.size or "64MiB").split(",") for r in codec_rows(device, parse_size(size), reps)]
     cols = ["tensor", "bytes", "ratio", "bound", "bar", "est_local_tables", "est_global_table", "compress_GBps",
             "decompress_GBps", "compress_us", "decompress_us"]
-    print_table(rows, cols, f"portable_zip codec on {device} (ratio = compressed/original; GB/s of input bytes)")
+    print_table(rows, cols, f"portable_zip codec on {device}, {torch.get_num_threads()} threads "
+                "(ratio = compressed/original; GB/s of input bytes)")
+    from .bench import cpu_refs
+    from .bench.data import make_tensor
+
+    rng = np.random.default_rng(0)
+    size = parse_size((args.size or "64MiB").split(",")[0])
+    refs = cpu_refs.rows([(n, make_tensor(n, size, rng, "cpu")) for n in ("bf16 N(0,0.02^2)", "bf16 U[-1,1]")], reps)
+    print_table(refs, ["tensor", "bytes", "system", "ratio", "round_trip", "compress_GBps", "decompress_GBps", "error"],
+                "CPU codecs side by side (GB/s of input bytes; a failed round trip reports no speed)")
     if args.json:
-        write_json(args.json, rows)
+        write_json(args.json, rows + refs)
     bad = [r["tensor"] for r in rows if r["ratio"] > r["bar"] and r["bytes"] >= 64 << 20]
     if bad:
         print(f"ratio bar missed: {', '.join(bad)}", file=sys.stderr)

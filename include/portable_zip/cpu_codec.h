@@ -2,6 +2,17 @@
 // group walked in order (which is exactly the ballot-prefix order the GPU
 // uses), spread over threads. It is the cross-check for the GPU and the
 // codec for CPU ranks.
+//
+// Shared with the GPU, one copy each: the format (format.h), the split
+// (dtype_traits.h), the rANS arithmetic, table quantization and table bytes
+// (rans.h: rans::quantize, write_table, parse_table, div_magic), segment
+// bounds, the fixed code's table and the checksums (block.h). What differs,
+// and why: the GPU computes quantize, write_table and the fixed code's top 7
+// with a 32-lane group in parallel (gpu_codec.h: quantize_group,
+// write_table_group), giving the same results, where the CPU calls rans.h's
+// sequential versions; the lane loops below walk v3 rows column by column,
+// as the GPU's lanes do in lock step, and cpu_simd.h runs eight lanes at a
+// time with AVX2 (PZ_CPU_SIMD=0: the scalar loops here).
 #pragma once
 #include <stdint.h>
 #include <string.h>
