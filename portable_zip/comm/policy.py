@@ -222,7 +222,7 @@ class Policy:
         t = (torch.randn(n, generator=g) * 0.02).to(dtype).to(device)
         buf = codec._compress_padded(t)  # warm-up (and module load on GPU)
         out = torch.empty_like(t)
-        codec.decompress(buf, out=out)
+        codec.decompress(buf, out=out, check=True)
         best_c = best_d = float("inf")
         for _ in range(2):
             _sync(device)
@@ -230,7 +230,7 @@ class Policy:
             buf = codec._compress_padded(t)
             _sync(device)
             t1 = time.perf_counter()
-            codec.decompress(buf, out=out)
+            codec.decompress(buf, out=out, check=True)
             _sync(device)
             t2 = time.perf_counter()
             best_c, best_d = min(best_c, t1 - t0), min(best_d, t2 - t1)
