@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Mutated streams through the GPU decoder under compute-sanitizer memcheck for
 # SECONDS (up to 20,000 streams), into $OUT/memcheck.log; a line in
-# $OUT/steps.txt. The lease scripts (gpu_integrity.sh, v1_v2_gpu.sh) call it
+# $OUT/steps.txt. The lease scripts (gpu_integrity.sh, ab_gpu.sh) call it
 # with what is left of their budget.
 #   bash bench/gpu_memcheck_fuzz.sh SECONDS
 set -uo pipefail
