@@ -196,8 +196,9 @@ def _header_args(buf) -> None:
 def _header(buf) -> tuple:
     _header_args(buf)
     n = min(buf.numel(), MAX_HEADER_BYTES)
+    since = checks.mark()
     head = bytes(buf[:n].cpu().numpy().tobytes())
-    checks.check_synced(buf.device)  # the copy synchronized this stream: its queued decodes are done
+    checks.check_synced(buf.device, since)  # the copy synchronized this stream: its queued decodes are done
     return head, _C.parse_header(head, buf.numel())
 
 
@@ -270,15 +271,15 @@ def _queue_decodes(bufs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor], c
             for i in idx:
                 b = bufs[i]
                 ins.append(b if b.data_ptr() % 16 == 0 else b.clone())  # the decoder reads 16-byte-aligned segments
-            if check:
-                words = [errs[i:i + 1] for i in idx]
-            else:
-                words = [checks.slot(device, (names[i] if names else "decompress") + " (queued)") for i in idx]
+            slots = [] if check else [checks.slot(device) for _ in idx]
+            words = [errs[i:i + 1] for i in idx] if check else [w for _, _, w in slots]
             ws = torch.empty(_C.decode_batch_workspace_bytes(len(idx)), dtype=torch.uint8, device=device)
             _C.decode_gpu_batch([b.data_ptr() for b in ins], [b.numel() for b in ins],
                                 [outs[i].data_ptr() for i in idx], [w.data_ptr() for w in words],
                                 [code_of(outs[i].dtype) for i in idx], [outs[i].numel() for i in idx],
                                 [list(outs[i].shape) for i in idx], ws.data_ptr(), _stream(), max_sms, device.index)
+            for i, (slab, k, _) in zip(idx, slots):  # registered once queued: no check reads them before
+                checks.register(device, slab, k, (names[i] if names else "decompress") + " (queued)")
     if check:
         bits = errs.cpu().tolist()
         failed = [((names[i] if names else "decompress"), w) for i, w in enumerate(bits) if w]
@@ -366,8 +367,9 @@ def decompress_batch(bufs: Sequence[torch.Tensor], *, out: Optional[Sequence[tor
     GPU streams decode in one launch per (device, dtype) (every dtype stored
     raw shares one), their headers parsed by the kernels. With out=, the
     launches are queued and errors reported as for decompress(out=) (check=True:
-    now). Without out=, the GPU headers are read in one copy per device first,
-    and the results are checked before the call returns."""
+    now). Without out= (or where an entry of out is None), the GPU headers are
+    read in one copy per device first, and the results are checked before the
+    call returns."""
     sms = _max_sms(max_sms)
     bufs = list(bufs)
     if out is not None and len(out) != len(bufs):
@@ -398,15 +400,17 @@ def decompress_batch(bufs: Sequence[torch.Tensor], *, out: Optional[Sequence[tor
     for device, idx in gpu.items():
         need = [i for i in idx if outs[i] is None]
         if need:  # one header copy for the device's streams that have no output yet
+            since = checks.mark()
             heads = torch.cat([bufs[i][:MAX_HEADER_BYTES] for i in need]).cpu().numpy().tobytes()
-            checks.check_synced(device)
+            checks.check_synced(device, since)
             at = 0
             for i in need:
                 n = min(bufs[i].numel(), MAX_HEADER_BYTES)
                 info = _C.parse_header(heads[at:at + n], bufs[i].numel())
                 at += n
                 outs[i] = torch.empty(tuple(info["shape"]), dtype=dtype_of(info["dtype"]), device=device)
-        _queue_decodes([bufs[i] for i in idx], [outs[i] for i in idx], check or out is None, sms,
+        # Outputs this call allocated make it a synchronizing call: it checks before returning.
+        _queue_decodes([bufs[i] for i in idx], [outs[i] for i in idx], check or bool(need), sms,
                        [f"decompress_batch stream {i}" for i in idx])
     return outs
 

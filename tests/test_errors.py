@@ -368,3 +368,28 @@ def test_cpu_decodes_check_before_returning():
         pz.decompress_batch([good, good], out=[out])
     assert pz.decompress_batch([good, good], out=[out, torch.empty_like(out)])[0] is out
     pz.check()
+
+
+def words_run_out_stream() -> torch.Tensor:
+    """A one-block bf16 stream whose rANS segment holds no coded words but
+    needs them at once (states 2^16, two symbols of frequency 2048: the first
+    step renormalizes every lane), and ends the buffer: a decoder that reads
+    words it does not have reads past the stream."""
+    t = weights(fresh_rng(), 4096, torch.bfloat16)
+    buf = pz.compress(t)
+    info = pz.inspect(buf)
+    assert info["blocks"] == 1 and info["codec"] == "rans"
+    raw_end = (info["header_bytes"] + 15) // 16 * 16 + 4096
+    offsets = (raw_end + 15) // 16 * 16
+    coded = info["compressed_bytes"] - info["coded_bytes"]
+    seg = bytes([1, 0, 0, 1, 0x88, 0x00, 0x88, 0x00]) + (0).to_bytes(4, "little") + (1 << 16).to_bytes(4, "little") * 32
+    seg += bytes(-len(seg) % 16)
+    out = bytearray(buf[:coded].numpy().tobytes()) + seg
+    out[offsets: offsets + 8] = len(seg).to_bytes(8, "little")
+    out[8:16] = len(out).to_bytes(8, "little")
+    return resign(torch.frombuffer(out, dtype=torch.uint8).clone())
+
+
+def test_words_run_out():
+    with pytest.raises(pz.FormatError, match="coded data is inconsistent"):
+        pz.decompress(words_run_out_stream())

@@ -11,7 +11,7 @@ import torch
 
 import portable_zip as pz
 from conftest import fresh_rng, random_bits, same_bits, weights
-from test_errors import resign
+from test_errors import resign, words_run_out_stream
 from test_fuzz import fuzz, make_streams, mutate, mutate_bytes
 
 pytestmark = pytest.mark.gpu
@@ -332,3 +332,14 @@ def test_gpu_decompress_batch_one_launch_per_dtype():
     pz.decompress_batch(bad, out=outs)
     with pytest.raises(pz.FormatError, match="decompress_batch stream 4 .queued."):
         pz.check()
+
+
+def test_gpu_mutated_words_run_out():
+    """A segment that needs coded words it does not have, at the very end of
+    its buffer: the GPU decoders (host-parsed, and device-parsed into out=)
+    raise without reading past the stream (memcheck runs this: "mutated")."""
+    buf = words_run_out_stream().to(DEV)
+    with pytest.raises(pz.FormatError, match="coded data is inconsistent"):
+        pz.decompress(buf)
+    with pytest.raises(pz.FormatError, match="coded data is inconsistent"):
+        pz.decompress(buf, out=torch.empty(4096, dtype=torch.bfloat16, device=DEV), check=True)

@@ -793,8 +793,8 @@ PZ_DEVICE uint32_t decode_fixed(const DecompressParams& p, const uint8_t* seg, u
 // One rANS decode step of this lane's state x (valid: the lane holds a
 // symbol at this step), then the group's renormalization from the coded
 // words read backwards from wp[rp). Returns the symbol (0 if not valid). A
-// word-count underflow (corrupt stream) sets bad and clamps the read
-// position, so reads stay inside the segment without a branch.
+// word-count underflow (corrupt stream) sets bad, reads nothing and leaves
+// the read position at 0, so reads stay inside the words.
 PZ_DEVICE PZ_FORCE_INLINE uint32_t decode_step(uint32_t& x, bool valid, const uint8_t* lookup, const uint32_t* encsym,
                                                const uint16_t* wp, uint32_t lt, uint32_t& rp, bool& bad) {
   uint32_t sym = 0;
@@ -807,11 +807,11 @@ PZ_DEVICE PZ_FORCE_INLINE uint32_t decode_step(uint32_t& x, bool valid, const ui
   const bool need = valid && x < fmt::kStateLow;
   const uint32_t ballot = group_ballot(need);
   const uint32_t count = popc32(ballot);
-  const bool under = count > rp;
+  const bool under = count > rp;  // group-uniform
   bad |= under;
-  rp = under ? count : rp;
-  if (need) x = (x << 16) | wp[rp - count + popc32(ballot & lt)];
-  rp -= count;
+  // Out of words (a corrupt stream): no read at all (wp may end the stream).
+  if (need && !under) x = (x << 16) | wp[rp - count + popc32(ballot & lt)];
+  rp = under ? 0 : rp - count;
   return sym;
 }
 
