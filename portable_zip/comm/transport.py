@@ -41,9 +41,17 @@ def swap_through_store(group, topic: str, value, timeout: float, what: str) -> L
     keys = [prefix + str(j) for j in range(dist.get_world_size(group))]
     try:
         store.wait(keys, datetime.timedelta(seconds=timeout))
+        values = [store.get(k) for k in keys]
+        # The store lives in global rank 0, which leaves only once every member
+        # has read: a rank that raises on what it read (a mismatch) and exits
+        # must not take the store down under a peer still reading.
+        store.set(prefix + "read/" + str(dist.get_rank(group)), "1")
+        if dist.get_rank() == 0:
+            store.wait([prefix + "read/" + str(j) for j in range(dist.get_world_size(group))],
+                       datetime.timedelta(seconds=timeout))
     except Exception as e:  # noqa: BLE001 - the store's timeout error type varies by torch version
         raise PeerTimeout(f"a peer did not publish {what} within {timeout:g} s ({e})") from None
-    return [store.get(k) for k in keys]
+    return values
 
 
 def new_group_bounded(ranks: List[int], backend, timeout: float, who: str):
