@@ -39,16 +39,11 @@ PZ_HOST_DEVICE inline bool segment_bounds(const uint8_t* stream, const fmt::Head
   return true;
 }
 
-// Which symbol of its block lane `lane` codes at rANS step `step` (it may be
-// past the block's end). v3: runs of kLaneRun per lane; v1/v2: strided.
-PZ_HOST_DEVICE PZ_FORCE_INLINE uint32_t rans_symbol(bool contig, uint32_t step, uint32_t lane) {
-  return contig ? (step / fmt::kLaneRun) * fmt::kRowSymbols + fmt::kLaneRun * lane + step % fmt::kLaneRun
-                : step * fmt::kLanes + lane;
-}
-
-// rANS steps of a block of n symbols (v3: whole rows; some steps may be empty).
-PZ_HOST_DEVICE PZ_FORCE_INLINE uint32_t rans_step_count(bool contig, uint32_t n) {
-  return contig ? (n + fmt::kRowSymbols - 1) / fmt::kRowSymbols * fmt::kLaneRun : (n + fmt::kLanes - 1) / fmt::kLanes;
+// v3: how many lanes hold a symbol in column j of a row of `left` symbols
+// (all 32 in a full row; fewer, or none, in a short last row).
+PZ_HOST_DEVICE PZ_FORCE_INLINE int row_lanes(uint32_t left, int j) {
+  const uint32_t k = (left + fmt::kLaneRun - 1 - j) / fmt::kLaneRun;
+  return static_cast<int>(k < fmt::kLanes ? k : fmt::kLanes);
 }
 
 // The v3 block checksum's 32-bit words [*lo, *hi) of the tensor's bytes, and

@@ -155,7 +155,7 @@ inline bool rans_encode_rows(const uint8_t* syms, const uint8_t* cols, uint32_t 
     }
 #endif
     for (int j = 0; j < fmt::kLaneRun; ++j) {
-      const int lanes = left == fmt::kRowSymbols ? kLanes : static_cast<int>(std::min<uint32_t>(kLanes, (left + fmt::kLaneRun - 1 - j) / fmt::kLaneRun));
+      const int lanes = row_lanes(left, j);
       if (prefix + 2 * (words + kLanes + 1) >= limit) {  // near the limit: count, then store only what is needed
         uint64_t count = 0;
         for (int k = 0; k < lanes; ++k) count += rans::enc_renorm_needed(x[k], encsym[r[fmt::kLaneRun * k + j]] & 0xffff);
@@ -296,8 +296,7 @@ PZ_FORCE_INLINE bool rans_decode_rows(const uint8_t* stream, const fmt::Header& 
     } else
 #endif
     for (int j = fmt::kLaneRun - 1; j >= 0; --j) {
-      const int lanes = left == fmt::kRowSymbols ? kLanes
-                                                  : static_cast<int>(std::min<uint32_t>(kLanes, (left + fmt::kLaneRun - 1 - j) / fmt::kLaneRun));
+      const int lanes = row_lanes(left, j);
       for (int k = lanes - 1; k >= 0; --k) {
         const uint32_t slot = x[k] & (fmt::kProbScale - 1);
         const uint8_t sym = lookup[slot];
@@ -361,29 +360,28 @@ uint32_t decode_symbols(const uint8_t* stream, const fmt::Header& h, const fmt::
     if (x[k] < fmt::kStateLow) return kErrStream;
   }
   uint64_t rp = words;
-  const bool contig = h.version >= fmt::kContigVersion;
-  if (contig) {
+  if (h.version >= fmt::kContigVersion) {
     if (!rans_decode_rows<D>(stream, h, l, first, n, lookup, encsym, wp, x, &rp, out)) return kErrStream;
-  } else {
-    for (uint32_t s = rans_step_count(false, n); s-- > 0;) {
-    int count = 0;
-    for (int k = 0; k < kLanes; ++k) {
-      const uint32_t i = rans_symbol(contig, s, k);
-      if (i >= n) continue;
-      const uint8_t sym = lookup[x[k] & (fmt::kProbScale - 1)];
-      const uint32_t es = encsym[sym];
-      x[k] = rans::dec_step(x[k], es & 0xffff, es >> 16);
-      emit(i, sym);
-      count += x[k] < fmt::kStateLow;
-    }
-    if (static_cast<uint64_t>(count) > rp) return kErrStream;
-    uint64_t r = rp - count;
-    for (int k = 0; k < kLanes; ++k)
-      if (rans_symbol(contig, s, k) < n && x[k] < fmt::kStateLow) {
-        x[k] = (x[k] << 16) | wp[2 * r] | (uint32_t(wp[2 * r + 1]) << 8);
-        ++r;
+  } else {  // v1/v2: symbol j of the block on lane j mod 32 at step j div 32
+    for (uint32_t s = (n + kLanes - 1) / kLanes; s-- > 0;) {
+      const uint32_t base = s * kLanes;
+      const int active = static_cast<int>(std::min<uint32_t>(kLanes, n - base));
+      int count = 0;
+      for (int k = 0; k < active; ++k) {
+        const uint8_t sym = lookup[x[k] & (fmt::kProbScale - 1)];
+        const uint32_t es = encsym[sym];
+        x[k] = rans::dec_step(x[k], es & 0xffff, es >> 16);
+        emit(base + k, sym);
+        count += x[k] < fmt::kStateLow;
       }
-    rp -= count;
+      if (static_cast<uint64_t>(count) > rp) return kErrStream;
+      uint64_t r = rp - count;
+      for (int k = 0; k < active; ++k)
+        if (x[k] < fmt::kStateLow) {
+          x[k] = (x[k] << 16) | wp[2 * r] | (uint32_t(wp[2 * r + 1]) << 8);
+          ++r;
+        }
+      rp -= count;
     }
   }
   if (rp != 0) return kErrStream;
