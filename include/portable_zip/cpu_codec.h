@@ -228,6 +228,12 @@ PZ_FORCE_INLINE void split_block(const uint8_t* in, const fmt::Header& h, const 
   if (cols)
     for (uint32_t row = 0; row < n; row += fmt::kRowSymbols) {
       const uint32_t left = std::min<uint32_t>(fmt::kRowSymbols, n - row);
+#if defined(PZ_HOST_AVX2)
+      if (left == fmt::kRowSymbols) {  // cols is set only where the AVX2 paths run
+        simd::row_to_cols(syms + row, cols + row);
+        continue;
+      }
+#endif
       for (uint32_t p = 0; p < left; ++p) cols[row + (p % fmt::kLaneRun) * kLanes + p / fmt::kLaneRun] = syms[row + p];
     }
 }
@@ -275,8 +281,8 @@ uint64_t encode_block(const uint8_t* in, const fmt::Header& h, const fmt::Layout
 // and every step is one pass. False when the words run out.
 template <fmt::DType D>
 PZ_FORCE_INLINE bool rans_decode_rows(const uint8_t* stream, const fmt::Header& h, const fmt::Layout& l, uint64_t first,
-                                      uint32_t n, const uint8_t* lookup, const uint32_t* encsym, const uint8_t* wp,
-                                      uint32_t* x, uint64_t* rp_io, uint8_t* out) {
+                                      uint32_t n, const uint8_t* lookup, const uint32_t* encsym, const uint32_t* dtab,
+                                      const uint8_t* wp, uint32_t* x, uint64_t* rp_io, uint8_t* out) {
   using T = FloatTraits<D>;
   constexpr bool plane16 = fmt::has_plane16(D);
   uint64_t rp = *rp_io;
@@ -286,13 +292,13 @@ PZ_FORCE_INLINE bool rans_decode_rows(const uint8_t* stream, const fmt::Header& 
   static thread_local uint8_t syms[1u << fmt::kMaxBlockLog2];
   const uint32_t rows = (n + fmt::kRowSymbols - 1) / fmt::kRowSymbols;
   const uint64_t words = rp;
-  [[maybe_unused]] const bool vec = simd::avx2_enabled();
+  [[maybe_unused]] const bool vec = dtab != nullptr;
   for (uint32_t row = rows; row-- > 0;) {
     const uint32_t base = row * fmt::kRowSymbols;
     const uint32_t left = std::min<uint32_t>(fmt::kRowSymbols, n - base);
 #if defined(PZ_HOST_AVX2)
     if (vec && left == fmt::kRowSymbols) {
-      if (!simd::decode_row(x, lookup, encsym, wp, words, &rp, syms + base)) return false;
+      if (!simd::decode_row(x, dtab, wp, words, &rp, syms + base)) return false;
     } else
 #endif
     for (int j = fmt::kLaneRun - 1; j >= 0; --j) {
@@ -346,8 +352,15 @@ uint32_t decode_symbols(const uint8_t* stream, const fmt::Header& h, const fmt::
   if (table_bytes < 0) return kErrTable;
   uint32_t encsym[fmt::kNumSymbols];
   build_encsym(freq, encsym);
-  uint8_t lookup[fmt::kProbScale + 4] = {};  // + 4: the AVX2 decoder gathers 4 bytes at a slot
+  uint8_t lookup[fmt::kProbScale];
   for (int s = 0; s < fmt::kNumSymbols; ++s) memset(lookup + (encsym[s] >> 16), s, freq[s]);
+  // The AVX2 rows' table (one gather per 8 symbols): v3 blocks with a full row.
+  uint32_t dtab_buf[fmt::kProbScale];
+  const uint32_t* dtab = nullptr;
+  if (simd::avx2_enabled() && h.version >= fmt::kContigVersion && n >= fmt::kRowSymbols) {
+    simd::build_dec_table(freq, dtab_buf);
+    dtab = dtab_buf;
+  }
   const uint64_t wpos = fmt::align_up(1 + table_bytes, 4);
   const uint64_t prefix = rans::rans_prefix_bytes(table_bytes);
   if (prefix > seglen) return kErrSegment;
@@ -361,7 +374,7 @@ uint32_t decode_symbols(const uint8_t* stream, const fmt::Header& h, const fmt::
   }
   uint64_t rp = words;
   if (h.version >= fmt::kContigVersion) {
-    if (!rans_decode_rows<D>(stream, h, l, first, n, lookup, encsym, wp, x, &rp, out)) return kErrStream;
+    if (!rans_decode_rows<D>(stream, h, l, first, n, lookup, encsym, dtab, wp, x, &rp, out)) return kErrStream;
   } else {  // v1/v2: symbol j of the block on lane j mod 32 at step j div 32
     for (uint32_t s = (n + kLanes - 1) / kLanes; s-- > 0;) {
       const uint32_t base = s * kLanes;

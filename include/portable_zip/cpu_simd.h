@@ -59,29 +59,95 @@ inline const LaneRanks& lane_ranks() {
   return t;
 }
 
+// The 8x8 transpose of 16-bit units within each 128-bit half of r[0..7]:
+// afterwards r[j] holds unit j of the inputs 0..7, in order, in each half.
+PZ_TARGET_AVX2 PZ_FORCE_INLINE void transpose8x16(__m256i* r) {
+  __m256i a[8], b[8];
+  for (int i = 0; i < 4; ++i) {
+    a[2 * i] = _mm256_unpacklo_epi16(r[2 * i], r[2 * i + 1]);
+    a[2 * i + 1] = _mm256_unpackhi_epi16(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 2; ++i)
+    for (int h = 0; h < 2; ++h) {
+      b[4 * i + 2 * h] = _mm256_unpacklo_epi32(a[4 * i + h], a[4 * i + h + 2]);
+      b[4 * i + 2 * h + 1] = _mm256_unpackhi_epi32(a[4 * i + h], a[4 * i + h + 2]);
+    }
+  for (int q = 0; q < 4; ++q) {
+    r[2 * q] = _mm256_unpacklo_epi64(b[q], b[q + 4]);
+    r[2 * q + 1] = _mm256_unpackhi_epi64(b[q], b[q + 4]);
+  }
+}
+
+// A v3 row as the lanes hold it (lane k's 8 symbols at 8k) to columns (lane
+// k's symbol of column j at 32j + k) and back: per 128-bit half, lanes
+// 2i, 2i+1 become one 16-bit unit per column, and the units transpose 8x8
+// (lanes 0..15 in the low halves, 16..31 in the high).
+PZ_TARGET_AVX2 inline void row_to_cols(const uint8_t* row, uint8_t* cols) {
+  const __m256i pair = _mm256_setr_epi8(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15,
+                                        0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
+  __m256i r[8];
+  for (int i = 0; i < 8; ++i)
+    r[i] = _mm256_shuffle_epi8(
+        _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 16 * i))),
+                                _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 128 + 16 * i)), 1),
+        pair);
+  transpose8x16(r);
+  for (int j = 0; j < 8; ++j) _mm256_storeu_si256(reinterpret_cast<__m256i*>(cols + 32 * j), r[j]);
+}
+
+PZ_TARGET_AVX2 inline void cols_to_row(const uint8_t* cols, uint8_t* row) {
+  const __m256i unpair = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15,
+                                          0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+  __m256i r[8];
+  for (int j = 0; j < 8; ++j) r[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(cols + 32 * j));
+  transpose8x16(r);
+  for (int i = 0; i < 8; ++i) {
+    const __m256i v = _mm256_shuffle_epi8(r[i], unpair);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(row + 16 * i), _mm256_castsi256_si128(v));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(row + 128 + 16 * i), _mm256_extracti128_si256(v, 1));
+  }
+}
+
+// The AVX2 decoder's table: per slot, the symbol, its freq - 1 and the
+// slot's offset within the symbol's range (bias = slot - cum), so
+// dec_step = freq * (x >> 12) + bias in one gather:
+// sym | (freq - 1) << 8 | bias << 20 (each field fits: freq <= 4096).
+inline void build_dec_table(const uint16_t* freq, uint32_t* dtab) {
+  uint32_t cum = 0;
+  for (int s = 0; s < fmt::kNumSymbols; ++s) {
+    const uint32_t f = freq[s];
+    if (!f) continue;
+    const uint32_t base = static_cast<uint32_t>(s) | (f - 1) << 8;
+    for (uint32_t t = 0; t < f; ++t) dtab[cum + t] = base | t << 20;
+    cum += f;
+  }
+}
+
 // Decodes one full 256-symbol row of a v3 block (rans_decode_rows, scalar in
 // cpu_codec.h): columns 7 .. 0, lane vectors 3 .. 0, so the renormalizing
 // lanes of a step take the words just below the read position rp, in lane
-// order. syms[8k + j] gets lane k's symbol of column j. lookup has 3 readable
-// bytes past its 4096 (a gather reads 4). False when the words run out.
-PZ_TARGET_AVX2 inline bool decode_row(uint32_t* xs, const uint8_t* lookup, const uint32_t* encsym, const uint8_t* wp,
-                                      uint64_t words, uint64_t* rp_io, uint8_t* syms) {
+// order. dtab: build_dec_table. syms[8k + j] gets lane k's symbol of column
+// j. False when the words run out.
+PZ_TARGET_AVX2 inline bool decode_row(uint32_t* xs, const uint32_t* dtab, const uint8_t* wp, uint64_t words,
+                                      uint64_t* rp_io, uint8_t* syms) {
   const LaneRanks& lr = lane_ranks();
   __m256i X[4];
   for (int v = 0; v < 4; ++v) X[v] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs + 8 * v));
-  const __m256i slot_mask = _mm256_set1_epi32(fmt::kProbScale - 1), low16 = _mm256_set1_epi32(0xffff);
-  const __m256i byte = _mm256_set1_epi32(0xff), zero = _mm256_setzero_si256();
+  const __m256i slot_mask = _mm256_set1_epi32(fmt::kProbScale - 1), zero = _mm256_setzero_si256();
+  // Byte 0 of each 32-bit lane of vector v to bytes 4v .. 4v+3 of each half.
+  const int k = 0x0c080400, o = static_cast<int>(0x80808080u);
+  const __m256i pick[4] = {_mm256_setr_epi32(k, o, o, o, k, o, o, o), _mm256_setr_epi32(o, k, o, o, o, k, o, o),
+                           _mm256_setr_epi32(o, o, k, o, o, o, k, o), _mm256_setr_epi32(o, o, o, k, o, o, o, k)};
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
   uint64_t rp = *rp_io;
-  alignas(32) uint32_t col[fmt::kLaneRun][fmt::kLanes];
+  alignas(32) uint8_t col[fmt::kLaneRun][fmt::kLanes];
   for (int j = fmt::kLaneRun - 1; j >= 0; --j) {
+    __m256i S = zero;
     for (int v = 3; v >= 0; --v) {
-      const __m256i slot = _mm256_and_si256(X[v], slot_mask);
-      const __m256i sym = _mm256_and_si256(_mm256_i32gather_epi32(reinterpret_cast<const int*>(lookup), slot, 1), byte);
-      const __m256i es = _mm256_i32gather_epi32(reinterpret_cast<const int*>(encsym), sym, 4);
-      // rans::dec_step: freq * (x >> 12) + slot - cum, in 32 bits.
-      const __m256i y = _mm256_sub_epi32(
-          _mm256_add_epi32(_mm256_mullo_epi32(_mm256_and_si256(es, low16), _mm256_srli_epi32(X[v], fmt::kProbBits)), slot),
-          _mm256_srli_epi32(es, 16));
+      const __m256i e = _mm256_i32gather_epi32(reinterpret_cast<const int*>(dtab), _mm256_and_si256(X[v], slot_mask), 4);
+      const __m256i hi = _mm256_srli_epi32(X[v], fmt::kProbBits);
+      const __m256i f1 = _mm256_and_si256(_mm256_srli_epi32(e, 8), slot_mask);
+      const __m256i y = _mm256_add_epi32(_mm256_add_epi32(_mm256_mullo_epi32(f1, hi), hi), _mm256_srli_epi32(e, 20));
       const __m256i need = _mm256_cmpeq_epi32(_mm256_srli_epi32(y, 16), zero);  // y < 2^16
       const unsigned m = static_cast<unsigned>(_mm256_movemask_ps(_mm256_castsi256_ps(need)));
       const unsigned cnt = static_cast<unsigned>(_mm_popcnt_u32(m));
@@ -98,13 +164,13 @@ PZ_TARGET_AVX2 inline bool decode_row(uint32_t* xs, const uint8_t* lookup, const
       const __m256i w = _mm256_permutevar8x32_epi32(_mm256_cvtepu16_epi32(w16),
                                                     _mm256_load_si256(reinterpret_cast<const __m256i*>(lr.rank[m])));
       X[v] = _mm256_blendv_epi8(y, _mm256_or_si256(_mm256_slli_epi32(y, 16), w), need);
-      _mm256_store_si256(reinterpret_cast<__m256i*>(col[j] + 8 * v), sym);
+      S = _mm256_or_si256(S, _mm256_shuffle_epi8(e, pick[v]));
     }
+    _mm256_store_si256(reinterpret_cast<__m256i*>(col[j]), _mm256_permutevar8x32_epi32(S, order));
   }
   for (int v = 0; v < 4; ++v) _mm256_storeu_si256(reinterpret_cast<__m256i*>(xs + 8 * v), X[v]);
   *rp_io = rp;
-  for (int k = 0; k < fmt::kLanes; ++k)
-    for (int j = 0; j < fmt::kLaneRun; ++j) syms[fmt::kLaneRun * k + j] = static_cast<uint8_t>(col[j][k]);
+  cols_to_row(&col[0][0], syms);
   return true;
 }
 
