@@ -255,8 +255,13 @@ uint64_t encode_block(const uint8_t* in, const fmt::Header& h, const fmt::Layout
   uint16_t freq[fmt::kNumSymbols];
   rans::quantize(hist, n, freq);
   const uint64_t limit = 1ull + n;
-  const int table_bytes = rans::write_table(freq, seg + 1);
+  // The table goes through a buffer: seg has room for max_segment_bytes(n)
+  // only (the segments are packed in the output), which a small block's
+  // table can pass before the prefix test sends it to stored mode.
+  uint8_t table[1 + 32 + 2 * fmt::kNumSymbols];
+  const int table_bytes = rans::write_table(freq, table);
   const uint32_t prefix = rans::rans_prefix_bytes(table_bytes);
+  if (prefix < limit) memcpy(seg + 1, table, table_bytes);
   uint32_t encsym[fmt::kNumSymbols];
   build_encsym(freq, encsym);
   rans::DivMagic magic[fmt::kNumSymbols];  // the GPU's exact divide, also faster than div here
@@ -443,34 +448,41 @@ inline uint64_t compress(const uint8_t* in, fmt::Header h, uint8_t* out, int thr
     });
     return h.total_bytes;
   }
-  // Each thread encodes its blocks in order into its own scratch, then the
-  // segments are placed after a prefix sum over their sizes.
+  // Each thread encodes its blocks in order, packed, straight into out from
+  // the worst-case start of its first block (the blocks before it all
+  // stored): a segment then starts no later than its worst case and writes
+  // no further than its worst-case end, so no thread reaches the next one's
+  // range. The threads' runs then move down into place, in thread order (a
+  // run's new place may overlap its old one, never a later run's).
   const uint64_t seg_cap = fmt::max_segment_bytes(1ull << h.block_log2);
-  std::vector<uint64_t> sizes(l.nblocks);
-  std::vector<std::vector<uint8_t>> scratch(std::max(1, threads));
-  parallel_for(l.nblocks, threads, [&](int t, uint64_t lo, uint64_t hi) {
-    auto& buf = scratch[t];
-    buf.resize((hi - lo) * seg_cap + (2ull << h.block_log2));  // segments, then two blocks of symbols
-    uint8_t* syms = buf.data() + (hi - lo) * seg_cap;
-    for (uint64_t b = lo; b < hi; ++b)
+  const int nthreads = static_cast<int>(std::max<uint64_t>(1, std::min<uint64_t>(l.nblocks, std::max(1, threads))));
+  std::vector<uint64_t> sizes(l.nblocks), run_lo(nthreads, 0), run_bytes(nthreads, 0);
+  uint8_t* coded = out + l.coded_begin;
+  parallel_for(l.nblocks, nthreads, [&](int t, uint64_t lo, uint64_t hi) {
+    std::vector<uint8_t> syms(2ull << h.block_log2);  // a block's symbols, then their column-major copy
+    uint64_t at = lo * seg_cap;
+    run_lo[t] = lo;
+    for (uint64_t b = lo; b < hi; ++b) {
       sizes[b] = PZ_DISPATCH_CODED_DTYPE(h.dtype, D, [&] {
-        return static_cast<int>(encode_block<D>(in, h, l, b, out, buf.data() + (b - lo) * seg_cap, syms));
+        return static_cast<int>(encode_block<D>(in, h, l, b, out, coded + at, syms.data()));
       });
+      at += sizes[b];
+    }
+    run_bytes[t] = at - lo * seg_cap;
   });
-  std::vector<uint64_t> ends(l.nblocks);
   uint64_t acc = 0;
-  for (uint64_t b = 0; b < l.nblocks; ++b) ends[b] = acc += sizes[b];
+  for (int t = 0; t < nthreads; ++t) {
+    if (run_bytes[t] && acc != run_lo[t] * seg_cap) memmove(coded + acc, coded + run_lo[t] * seg_cap, run_bytes[t]);
+    acc += run_bytes[t];
+  }
   h.total_bytes = l.coded_begin + acc;
   fmt::write_header(h, out);
   // Zero the alignment gaps between regions so the bytes are deterministic.
   memset(out + l.raw_begin + l.nsym, 0, l.plane16_begin - (l.raw_begin + l.nsym));
   memset(out + l.raw_end, 0, l.offsets_begin - l.raw_end);
   memset(out + l.sums_begin + 4 * l.nsums, 0, l.coded_begin - (l.sums_begin + 4 * l.nsums));
-  for (uint64_t b = 0; b < l.nblocks; ++b) fmt::put_u64(out + l.offsets_begin + 8 * b, ends[b]);
-  parallel_for(l.nblocks, threads, [&](int t, uint64_t lo, uint64_t hi) {
-    for (uint64_t b = lo; b < hi; ++b)
-      memcpy(out + l.coded_begin + ends[b] - sizes[b], scratch[t].data() + (b - lo) * seg_cap, sizes[b]);
-  });
+  uint64_t end = 0;
+  for (uint64_t b = 0; b < l.nblocks; ++b) fmt::put_u64(out + l.offsets_begin + 8 * b, end += sizes[b]);
   return h.total_bytes;
 }
 
