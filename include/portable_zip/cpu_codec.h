@@ -191,6 +191,28 @@ inline bool rans_encode_rows(const uint8_t* syms, const uint8_t* cols, uint32_t 
   return true;
 }
 
+// The split and the join of n symbols whose elements all exist (no bounds
+// tests): loops of their own, built for AVX2 too (PZ_HOST_SIMD_CLONES), since
+// they vectorize. src/out point at the block's first symbol's elements.
+template <fmt::DType D>
+PZ_HOST_SIMD_CLONES void split_whole(const uint8_t* src, uint32_t n, uint8_t* syms, uint8_t* raw8, uint8_t* raw16) {
+  for (uint32_t i = 0; i < n; ++i) {
+    const Split sp = FloatTraits<D>::split(src, i, ~0ull);
+    syms[i] = sp.sym;
+    raw8[i] = sp.raw8;
+    if constexpr (fmt::has_plane16(D)) memcpy(raw16 + 2 * i, &sp.raw16, 2);  // little-endian hosts
+  }
+}
+
+template <fmt::DType D>
+PZ_HOST_SIMD_CLONES void join_whole(uint8_t* out, uint32_t n, const uint8_t* syms, const uint8_t* raw8, const uint8_t* raw16) {
+  for (uint32_t i = 0; i < n; ++i) {
+    uint16_t r16 = 0;
+    if constexpr (fmt::has_plane16(D)) memcpy(&r16, raw16 + 2 * i, 2);
+    FloatTraits<D>::join(out, i, ~0ull, syms[i], raw8[i], r16);
+  }
+}
+
 // Pass 1 of a block: split, histogram, raw planes, as three loops: the split
 // vectorizes on its own; the histogram counts into four tables, summed after
 // (skewed data sends most symbols to one counter, and one table would chain
@@ -206,13 +228,7 @@ PZ_FORCE_INLINE void split_block(const uint8_t* in, const fmt::Header& h, const 
   uint8_t* raw16 = stream + l.plane16_begin + 2 * first;
   const bool whole = !(D == fmt::DType::Float8E4M3FN || D == fmt::DType::Float8E5M2) || 2 * (first + n) <= h.numel;
   if (whole) {  // every symbol has all its elements: no bounds tests
-    const uint8_t* src = in + first * fmt::symbol_bytes(D);
-    for (uint32_t i = 0; i < n; ++i) {
-      const Split sp = T::split(src, i, ~0ull);
-      syms[i] = sp.sym;
-      raw8[i] = sp.raw8;
-      if constexpr (plane16) memcpy(raw16 + 2 * i, &sp.raw16, 2);  // little-endian hosts
-    }
+    split_whole<D>(in + first * fmt::symbol_bytes(D), n, syms, raw8, raw16);
   } else {
     for (uint32_t i = 0; i < n; ++i) {
       const Split sp = T::split(in, first + i, h.numel);
@@ -324,8 +340,11 @@ PZ_FORCE_INLINE bool rans_decode_rows(const uint8_t* stream, const fmt::Header& 
     }
   }
   const uint8_t* raw8 = stream + l.raw_begin + first;
-  for (uint32_t i = 0; i < n; ++i)
-    T::join(out, first + i, h.numel, syms[i], raw8[i], raw16_at(stream, l, plane16, first + i));
+  if (!(D == fmt::DType::Float8E4M3FN || D == fmt::DType::Float8E5M2) || 2 * (first + n) <= h.numel)
+    join_whole<D>(out + first * fmt::symbol_bytes(D), n, syms, raw8, stream + l.plane16_begin + 2 * first);
+  else
+    for (uint32_t i = 0; i < n; ++i)
+      T::join(out, first + i, h.numel, syms[i], raw8[i], raw16_at(stream, l, plane16, first + i));
   *rp_io = rp;
   return true;
 }
