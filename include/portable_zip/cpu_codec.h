@@ -376,15 +376,19 @@ uint32_t decode_symbols(const uint8_t* stream, const fmt::Header& h, const fmt::
   if (table_bytes < 0) return kErrTable;
   uint32_t encsym[fmt::kNumSymbols];
   build_encsym(freq, encsym);
-  uint8_t lookup[fmt::kProbScale];
-  for (int s = 0; s < fmt::kNumSymbols; ++s) memset(lookup + (encsym[s] >> 16), s, freq[s]);
   // The AVX2 rows' table (one gather per 8 symbols): v3 blocks with a full row.
-  uint32_t dtab_buf[fmt::kProbScale];
   const uint32_t* dtab = nullptr;
+#if defined(PZ_HOST_AVX2)
+  uint32_t dtab_buf[simd::kDecTableEntries];
   if (simd::avx2_enabled() && h.version >= fmt::kContigVersion && n >= fmt::kRowSymbols) {
     simd::build_dec_table(freq, dtab_buf);
     dtab = dtab_buf;
   }
+#endif
+  // The scalar steps' table: v1/v2 streams, a v3 block's partial last row, every step without AVX2.
+  uint8_t lookup[fmt::kProbScale];
+  if (!dtab || n % fmt::kRowSymbols)
+    for (int s = 0; s < fmt::kNumSymbols; ++s) memset(lookup + (encsym[s] >> 16), s, freq[s]);
   const uint64_t wpos = fmt::align_up(1 + table_bytes, 4);
   const uint64_t prefix = rans::rans_prefix_bytes(table_bytes);
   if (prefix > seglen) return kErrSegment;
