@@ -98,14 +98,14 @@ struct RawParams {
   uint8_t header[fmt::kMaxHeaderBytes + fmt::kAlign];
 };
 
-// Shared memory per group for compress: the encode table (whose first 1 KB
-// holds the merged counts until the table is built), frequency scratch (the
-// fixed code's symbol -> code map), then an 8 KB staging buffer for the
-// block's segment. A segment that does not fit (stored blocks, and coded ones
-// over 8 KB: rare for data that compresses) is written straight to its final
-// place after the look-back instead: stored symbols are split again from the
-// input, an oversized coded body is encoded a second time. A small buffer buys
-// occupancy: 20 warps per SM instead of 10.
+// Shared memory per group for compress, laid out once here. The encode table
+// (whose first 1 KB holds the merged counts until the table is built),
+// frequency scratch (the fixed code's symbol -> code map), then an 8 KB
+// staging buffer for the block's segment. A segment that does not fit (stored
+// blocks, and coded ones over 8 KB: rare for data that compresses) is written
+// straight to its final place after the look-back instead: stored symbols are
+// split again from the input, an oversized coded body is encoded a second
+// time. A small buffer buys occupancy: 20 warps per SM instead of 10.
 //
 // Pass 1 counts into 16 histograms of 16-bit pairs laid out [word][lane & 15]:
 // a lane shares its histogram only with lane ^ 16, and lanes hitting one bank
@@ -114,14 +114,34 @@ struct RawParams {
 constexpr uint32_t kHistReplicas = 16;
 constexpr uint64_t kHistBytes = 128 * kHistReplicas * 4;
 constexpr uint64_t kMaxTableBytes = 1 + 32 + 2 * 256;
-constexpr uint64_t kCompressTableBytes = 256 * 8 + 256 * 2;           // encode table + frequencies
 constexpr uint32_t kStagingBytes = 8192;
 static_assert(kHistBytes <= kStagingBytes, "histograms alias the staging buffer");
-PZ_HOST_DEVICE constexpr uint64_t compress_smem_per_group(int) { return kCompressTableBytes + kStagingBytes; }
+struct alignas(16) CompressSmem {
+  union {
+    uint32_t enc[256][2];  // rANS encode table: freq | cum << 13 | shift << 25, then the divide magic
+    uint32_t counts[256];  // the block's merged histogram, until enc is built
+  };
+  union {
+    uint16_t freq[256];  // rANS: the quantized frequencies
+    uint8_t code[256];   // fixed code: symbol -> code
+  };
+  union {
+    uint8_t staging[kStagingBytes];   // the block's segment (16-byte aligned: copied out as vectors)
+    uint32_t hist[kHistBytes / 4];    // pass 1: [128 words][kHistReplicas]
+  };
+};
+static_assert(sizeof(CompressSmem) == 256 * 8 + 256 * 2 + kStagingBytes, "no padding between the parts");
+PZ_HOST_DEVICE constexpr uint64_t compress_smem_per_group(int) { return sizeof(CompressSmem); }
 
-// Decoder: encode-order table, frequencies, slot->symbol lookup. (Staging the
-// coded words in a shared-memory window measured slower at >= 256 MiB: see
-// bench/NOTES.md.)
-constexpr uint64_t kDecompressSmemPerGroup = 4 * 256 + 2 * 256 + fmt::kProbScale + 16;
+// Shared memory per group for the rANS decoder (the fixed code needs none).
+// (Staging the coded words in a shared-memory window measured slower at >=
+// 256 MiB: see bench/NOTES.md.)
+struct alignas(16) DecompressSmem {
+  uint32_t encsym[256];             // freq | cum << 16
+  uint16_t freq[256];               // the parsed table
+  uint8_t lookup[fmt::kProbScale];  // slot -> symbol
+  int32_t table_bytes;              // lane 0's parse of the table, for the group
+};
+constexpr uint64_t kDecompressSmemPerGroup = sizeof(DecompressSmem);
 
 }  // namespace pz::gpu

@@ -21,14 +21,6 @@ PZ_HOST_DEVICE PZ_FORCE_INLINE int popc32(uint32_t v) {
 #endif
 }
 
-PZ_HOST_DEVICE PZ_FORCE_INLINE int popc64(uint64_t v) {
-#if defined(PZ_DEVICE_COMPILE)
-  return __popcll(v);
-#else
-  return __builtin_popcountll(v);
-#endif
-}
-
 // High 32 bits of a 32x32-bit product.
 PZ_HOST_DEVICE PZ_FORCE_INLINE uint32_t mulhi32(uint32_t a, uint32_t b) {
 #if defined(PZ_DEVICE_COMPILE)
@@ -38,22 +30,16 @@ PZ_HOST_DEVICE PZ_FORCE_INLINE uint32_t mulhi32(uint32_t a, uint32_t b) {
 #endif
 }
 
-// (hi:lo) >> shift, keeping the low 32 bits. Portable form, no shf asm.
-PZ_HOST_DEVICE PZ_FORCE_INLINE uint32_t funnel_shift_r(uint32_t lo, uint32_t hi, uint32_t shift) {
+// Byte i of the result is byte (sel >> 4i) & 7 of the 8 bytes hi:lo (CUDA's
+// and HIP's __byte_perm, selector nibbles 0-7 only): one PRMT on NVIDIA.
+PZ_HOST_DEVICE PZ_FORCE_INLINE uint32_t byte_perm(uint32_t lo, uint32_t hi, uint32_t sel) {
 #if defined(PZ_DEVICE_COMPILE)
-  return __funnelshift_r(lo, hi, shift);
+  return __byte_perm(lo, hi, sel);
 #else
-  shift &= 31;
-  return shift == 0 ? lo : (lo >> shift) | (hi << (32 - shift));
-#endif
-}
-
-PZ_HOST_DEVICE PZ_FORCE_INLINE uint32_t funnel_shift_l(uint32_t lo, uint32_t hi, uint32_t shift) {
-#if defined(PZ_DEVICE_COMPILE)
-  return __funnelshift_l(lo, hi, shift);
-#else
-  shift &= 31;
-  return shift == 0 ? hi : (hi << shift) | (lo >> (32 - shift));
+  const uint64_t v = (static_cast<uint64_t>(hi) << 32) | lo;
+  uint32_t r = 0;
+  for (int i = 0; i < 4; ++i) r |= static_cast<uint32_t>((v >> (8 * ((sel >> (4 * i)) & 7))) & 0xff) << (8 * i);
+  return r;
 #endif
 }
 
@@ -115,12 +101,6 @@ PZ_DEVICE PZ_FORCE_INLINE uint32_t group_shfl(uint32_t v, int src_lane) {
 #else
   return __shfl_sync(0xffffffffu, v, src_lane, kGroupLanes);
 #endif
-}
-
-PZ_DEVICE PZ_FORCE_INLINE uint64_t group_shfl64(uint64_t v, int src_lane) {
-  const uint32_t lo = group_shfl(static_cast<uint32_t>(v), src_lane);
-  const uint32_t hi = group_shfl(static_cast<uint32_t>(v >> 32), src_lane);
-  return (static_cast<uint64_t>(hi) << 32) | lo;
 }
 
 PZ_DEVICE PZ_FORCE_INLINE uint64_t group_sum64(uint64_t v) {
@@ -202,29 +182,6 @@ PZ_DEVICE PZ_FORCE_INLINE void prefetch_l1(const void* p) {
   __builtin_prefetch(p);
 #else
   asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
-#endif
-}
-
-// One API for 16-byte async copies global -> shared: cp.async on NVIDIA
-// (sm_80+), a plain vector copy with no-op commit/wait on HIP.
-PZ_DEVICE PZ_FORCE_INLINE void async_copy_16(void* smem_dst, const void* gmem_src) {
-#if defined(PZ_HAS_CP_ASYNC)
-  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem_dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem_src) : "memory");
-#else
-  *static_cast<uint4*>(smem_dst) = *static_cast<const uint4*>(gmem_src);
-#endif
-}
-
-PZ_DEVICE PZ_FORCE_INLINE void async_commit() {
-#if defined(PZ_HAS_CP_ASYNC)
-  asm volatile("cp.async.commit_group;" ::: "memory");
-#endif
-}
-
-PZ_DEVICE PZ_FORCE_INLINE void async_wait_all() {
-#if defined(PZ_HAS_CP_ASYNC)
-  asm volatile("cp.async.wait_all;" ::: "memory");
 #endif
 }
 

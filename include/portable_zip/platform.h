@@ -62,8 +62,3 @@
 #define PZ_HOST_AVX2 1
 #define PZ_TARGET_AVX2 __attribute__((target("avx2,bmi2,popcnt")))
 #endif
-
-// Async global->shared copies (cp.async) exist from sm_80 on.
-#if defined(PZ_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-#define PZ_HAS_CP_ASYNC 1
-#endif
