@@ -138,11 +138,8 @@ inline bool rans_encode_rows(const uint8_t* syms, const uint8_t* cols, uint32_t 
                              uint64_t* words_out) {
   uint64_t words = 0;
 #if defined(PZ_HOST_AVX2)
-  uint32_t packed[2 * fmt::kNumSymbols];  // the GPU's encode table: freq | cum << 13 | shift << 25, magic
-  if (cols)
-    for (int sy = 0; sy < fmt::kNumSymbols; ++sy)
-      packed[2 * sy] = (encsym[sy] & 0xffff) | (encsym[sy] >> 16) << 13 | magic[sy].shift << 25,
-      packed[2 * sy + 1] = magic[sy].magic;
+  uint32_t packed[2 * fmt::kNumSymbols];  // simd::build_enc_table
+  if (cols) simd::build_enc_table(encsym, magic, packed);
 #endif
   for (uint32_t row = 0; row < n; row += fmt::kRowSymbols) {
     const uint8_t* r = syms + row;

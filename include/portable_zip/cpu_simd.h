@@ -181,47 +181,62 @@ PZ_TARGET_AVX2 inline bool decode_row(uint32_t* xs, const uint32_t* dtab, const 
   return true;
 }
 
+// The AVX2 encoder's table, two words per symbol: g | cum' << 12 | shift << 28
+// and a magic, where g = 4096 - freq, so that
+//   renormalize:  x >= freq << 20  <=>  (x >> 20) + g > 4095
+//   put:          (q << 12) + (x - q * freq) + cum = x + q * g + cum
+// with q = x / freq by rans::div_by_magic. Freq 1 (rans.h's shift 31: q = x)
+// takes magic 2^32 - 1 and shift 0 instead, for which the same multiply gives
+// q = x - 1 (t = x - 1 for 1 <= x < 2^32), made good by cum' = cum + 4095:
+// x + (x - 1) * 4095 + cum + 4095 = 4096 x + cum. cum' < 2^13, shift <= 11.
+inline void build_enc_table(const uint32_t* encsym, const rans::DivMagic* magic, uint32_t* enc) {
+  for (int s = 0; s < fmt::kNumSymbols; ++s) {
+    const uint32_t f = encsym[s] & 0xffff, cum = encsym[s] >> 16;
+    const bool one = magic[s].shift == 31;
+    enc[2 * s] = (fmt::kProbScale - f) | (cum + (one ? fmt::kProbScale - 1 : 0)) << 12 | (one ? 0 : magic[s].shift) << 28;
+    enc[2 * s + 1] = one ? 0xffffffffu : magic[s].magic;
+  }
+}
+
 // Encodes one full 256-symbol row of a v3 block (rans_encode_rows, scalar in
 // cpu_codec.h): columns 0 .. 7, lane vectors 0 .. 3, the words of a step's
 // renormalizing lanes stored in lane order at w. cols: the row column by
-// column (lane k's symbol of column j at 32j + k); enc: per symbol, freq |
-// cum << 13 | shift << 25 and the magic (rans::DivMagic; shift 31: freq 1).
+// column (lane k's symbol of column j at 32j + k); enc: build_enc_table.
 // Returns the words written. The caller leaves room for 256 words plus 16
 // bytes (each vector stores 16).
 PZ_TARGET_AVX2 inline uint32_t encode_row(uint32_t* xs, const uint8_t* cols, const uint32_t* enc, uint8_t* w) {
   const LaneRanks& lr = lane_ranks();
   __m256i X[4];
   for (int v = 0; v < 4; ++v) X[v] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs + 8 * v));
-  const __m256i low16 = _mm256_set1_epi32(0xffff), f_bits = _mm256_set1_epi32(0x1fff);
-  const __m256i c_bits = _mm256_set1_epi32(0xfff), s_bits = _mm256_set1_epi32(31), one = _mm256_set1_epi32(1);
+  const __m256i g_bits = _mm256_set1_epi32(0xfff), c_bits = _mm256_set1_epi32(0x1fff);
+  const __m256i top = _mm256_set1_epi32(fmt::kProbScale - 1), sixteen = _mm256_set1_epi32(16);
+  // The low 16 bits of each 32-bit lane to the low 8 bytes of its half.
+  const __m256i low_halves = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1,
+                                              0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1);
   const int* tab = reinterpret_cast<const int*>(enc);
   uint8_t* const w0 = w;
   for (int j = 0; j < fmt::kLaneRun; ++j) {
     for (int v = 0; v < 4; ++v) {
       const __m256i sym = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(cols + 32 * j + 8 * v)));
       const __m256i e = _mm256_i32gather_epi32(tab, sym, 8), mag = _mm256_i32gather_epi32(tab + 1, sym, 8);
-      const __m256i freq = _mm256_and_si256(e, f_bits);
-      const __m256i cum = _mm256_and_si256(_mm256_srli_epi32(e, 13), c_bits);
-      const __m256i shift = _mm256_and_si256(_mm256_srli_epi32(e, 25), s_bits);
+      const __m256i g = _mm256_and_si256(e, g_bits);
+      const __m256i cum = _mm256_and_si256(_mm256_srli_epi32(e, 12), c_bits);
+      const __m256i shift = _mm256_srli_epi32(e, 28);
       const __m256i x = X[v];
-      // rans::enc_renorm_needed: x >= freq << 20, i.e. (x >> 20) >= freq (freq <= 4096).
-      const __m256i need = _mm256_cmpgt_epi32(_mm256_srli_epi32(x, 32 - fmt::kProbBits), _mm256_sub_epi32(freq, one));
+      const __m256i need = _mm256_cmpgt_epi32(_mm256_add_epi32(_mm256_srli_epi32(x, 32 - fmt::kProbBits), g), top);
       const unsigned m = static_cast<unsigned>(_mm256_movemask_ps(_mm256_castsi256_ps(need)));
       // The low halves of the renormalizing lanes, packed in lane order.
-      const __m256i lows = _mm256_and_si256(
-          _mm256_permutevar8x32_epi32(x, _mm256_load_si256(reinterpret_cast<const __m256i*>(lr.select[m]))), low16);
-      const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(lows, _mm256_setzero_si256()), 0xd8);
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(w), _mm256_castsi256_si128(packed));
+      const __m256i sel = _mm256_shuffle_epi8(
+          _mm256_permutevar8x32_epi32(x, _mm256_load_si256(reinterpret_cast<const __m256i*>(lr.select[m]))), low_halves);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(w), _mm256_castsi256_si128(_mm256_permute4x64_epi64(sel, 0x08)));
       w += 2 * _mm_popcnt_u32(m);
-      const __m256i xr = _mm256_blendv_epi8(x, _mm256_srli_epi32(x, 16), need);
-      // rans::enc_put_magic: q = xr / freq by the magic multiply (shift 31: freq 1, q = xr).
+      const __m256i xr = _mm256_srlv_epi32(x, _mm256_and_si256(need, sixteen));
+      // q = xr / freq by the magic multiply (freq 1: q = xr - 1, see build_enc_table).
       const __m256i even = _mm256_srli_epi64(_mm256_mul_epu32(xr, mag), 32);
       const __m256i odd = _mm256_mul_epu32(_mm256_srli_epi64(xr, 32), _mm256_srli_epi64(mag, 32));
       const __m256i t = _mm256_blend_epi32(even, odd, 0xaa);
-      __m256i q = _mm256_srlv_epi32(_mm256_add_epi32(t, _mm256_srli_epi32(_mm256_sub_epi32(xr, t), 1)), shift);
-      q = _mm256_blendv_epi8(q, xr, _mm256_cmpeq_epi32(shift, s_bits));
-      X[v] = _mm256_add_epi32(_mm256_add_epi32(_mm256_slli_epi32(q, fmt::kProbBits),
-                                               _mm256_sub_epi32(xr, _mm256_mullo_epi32(q, freq))), cum);
+      const __m256i q = _mm256_srlv_epi32(_mm256_add_epi32(t, _mm256_srli_epi32(_mm256_sub_epi32(xr, t), 1)), shift);
+      X[v] = _mm256_add_epi32(_mm256_add_epi32(_mm256_mullo_epi32(q, g), xr), cum);
     }
   }
   for (int v = 0; v < 4; ++v) _mm256_storeu_si256(reinterpret_cast<__m256i*>(xs + 8 * v), X[v]);
