@@ -316,7 +316,10 @@ PZ_FORCE_INLINE bool rans_decode_rows(const uint8_t* stream, const fmt::Header& 
     const uint32_t left = std::min<uint32_t>(fmt::kRowSymbols, n - base);
 #if defined(PZ_HOST_AVX2)
     if (vec && left == fmt::kRowSymbols) {
-      if (!simd::decode_row(x, dtab, wp, words, &rp, syms + base)) return false;
+      if (rp >= fmt::kRowSymbols + 8 && rp + 8 <= words)
+        simd::decode_row<false>(x, dtab, wp, words, &rp, syms + base);
+      else if (!simd::decode_row<true>(x, dtab, wp, words, &rp, syms + base))
+        return false;
     } else
 #endif
     for (int j = fmt::kLaneRun - 1; j >= 0; --j) {

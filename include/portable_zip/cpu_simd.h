@@ -35,21 +35,26 @@ inline bool avx2_enabled() {
 
 #if defined(PZ_HOST_AVX2)
 
-// rank[m][i]: how many lanes below lane i are set in the 8-lane mask m, the
-// permutation that hands the words of a step to its renormalizing lanes in
-// lane order.
+// place[m]: the byte shuffle (of 8 16-bit words, repeated in both halves)
+// that hands a step's words to its renormalizing lanes, set in the 8-lane
+// mask m, in lane order: lane i gets word rank(i) = the set lanes below it,
+// zero-extended; lanes not in m get zero.
 // select[m][i]: the lane of the i-th set bit of m, which packs a step's
 // words in lane order.
 struct LaneRanks {
-  alignas(32) uint32_t rank[256][8];
+  alignas(32) uint8_t place[256][32];
   alignas(32) uint32_t select[256][8];
   LaneRanks() {
     for (int m = 0; m < 256; ++m) {
       int n = 0;
       for (int i = 0; i < 8; ++i) {
-        rank[m][i] = static_cast<uint32_t>(__builtin_popcount(m & ((1u << i) - 1)));
+        const int r = __builtin_popcount(m & ((1u << i) - 1));
+        const bool set = m >> i & 1;
+        place[m][4 * i] = set ? static_cast<uint8_t>(2 * r) : 0x80;
+        place[m][4 * i + 1] = set ? static_cast<uint8_t>(2 * r + 1) : 0x80;
+        place[m][4 * i + 2] = place[m][4 * i + 3] = 0x80;
         select[m][i] = 0;
-        if (m >> i & 1) select[m][n++] = static_cast<uint32_t>(i);
+        if (set) select[m][n++] = static_cast<uint32_t>(i);
       }
     }
   }
@@ -134,13 +139,17 @@ PZ_TARGET_AVX2 inline void build_dec_table(const uint16_t* freq, uint32_t* dtab)
 // cpu_codec.h): columns 7 .. 0, lane vectors 3 .. 0, so the renormalizing
 // lanes of a step take the words just below the read position rp, in lane
 // order. dtab: build_dec_table. syms[8k + j] gets lane k's symbol of column
-// j. False when the words run out.
+// j. False when the words run out. Unchecked (kChecked false) when the row
+// starts with rp >= 264 and rp + 8 <= words: a row takes at most 256 words,
+// and every 16-byte word load then lies inside the words.
+template <bool kChecked>
 PZ_TARGET_AVX2 inline bool decode_row(uint32_t* xs, const uint32_t* dtab, const uint8_t* wp, uint64_t words,
                                       uint64_t* rp_io, uint8_t* syms) {
   const LaneRanks& lr = lane_ranks();
   __m256i X[4];
   for (int v = 0; v < 4; ++v) X[v] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs + 8 * v));
   const __m256i slot_mask = _mm256_set1_epi32(fmt::kProbScale - 1), zero = _mm256_setzero_si256();
+  const __m256i sixteen = _mm256_set1_epi32(16);
   // Byte 0 of each 32-bit lane of vector v to bytes 4v .. 4v+3 of each half.
   const int k = 0x0c080400, o = static_cast<int>(0x80808080u);
   const __m256i pick[4] = {_mm256_setr_epi32(k, o, o, o, k, o, o, o), _mm256_setr_epi32(o, k, o, o, o, k, o, o),
@@ -158,19 +167,19 @@ PZ_TARGET_AVX2 inline bool decode_row(uint32_t* xs, const uint32_t* dtab, const 
       const __m256i need = _mm256_cmpeq_epi32(_mm256_srli_epi32(y, 16), zero);  // y < 2^16
       const unsigned m = static_cast<unsigned>(_mm256_movemask_ps(_mm256_castsi256_ps(need)));
       const unsigned cnt = static_cast<unsigned>(_mm_popcnt_u32(m));
-      if (cnt > rp) return false;
+      if (kChecked && cnt > rp) return false;
       rp -= cnt;
       __m128i w16;
-      if (rp + 8 <= words) {
+      if (!kChecked || rp + 8 <= words) {
         w16 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wp + 2 * rp));
       } else {  // the last words: copy only those in range
         uint16_t t[8] = {};
         memcpy(t, wp + 2 * rp, 2 * cnt);
         w16 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(t));
       }
-      const __m256i w = _mm256_permutevar8x32_epi32(_mm256_cvtepu16_epi32(w16),
-                                                    _mm256_load_si256(reinterpret_cast<const __m256i*>(lr.rank[m])));
-      X[v] = _mm256_blendv_epi8(y, _mm256_or_si256(_mm256_slli_epi32(y, 16), w), need);
+      const __m256i w = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(w16),
+                                            _mm256_load_si256(reinterpret_cast<const __m256i*>(lr.place[m])));
+      X[v] = _mm256_or_si256(_mm256_sllv_epi32(y, _mm256_and_si256(need, sixteen)), w);
       S = _mm256_or_si256(S, _mm256_shuffle_epi8(e, pick[v]));
     }
     _mm256_store_si256(reinterpret_cast<__m256i*>(col[j]), _mm256_permutevar8x32_epi32(S, order));
