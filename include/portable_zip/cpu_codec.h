@@ -292,61 +292,123 @@ uint64_t encode_block(const uint8_t* in, const fmt::Header& h, const fmt::Layout
   return pad_segment(seg, prefix + 2 * words);
 }
 
-// The v3 rANS decode of one block (the inverse of rans_encode_rows): rows
-// last to first, columns 7 .. 0, the lanes of a step in reverse order, so a
-// lane that renormalizes takes the word just below the read position (the
-// same words, in the same lanes, as the forward assignment of docs/FORMAT.md)
-// and every step is one pass. False when the words run out.
-template <fmt::DType D>
-PZ_FORCE_INLINE bool rans_decode_rows(const uint8_t* stream, const fmt::Header& h, const fmt::Layout& l, uint64_t first,
-                                      uint32_t n, const uint8_t* lookup, const uint32_t* encsym, const uint32_t* dtab,
-                                      const uint8_t* wp, uint32_t* x, uint64_t* rp_io, uint8_t* out) {
-  using T = FloatTraits<D>;
-  constexpr bool plane16 = fmt::has_plane16(D);
-  uint64_t rp = *rp_io;
-  // The block's symbols first, then its elements in one forward pass: rows
-  // decode last to first, and writing the output (and reading the raw plane)
-  // backwards row by row ran at a third of the speed.
-  static thread_local uint8_t syms[1u << fmt::kMaxBlockLog2];
+// A rANS segment parsed: its tables, words and lane states, ready for its
+// steps.
+struct RansSegment {
+  uint16_t freq[fmt::kNumSymbols];
+  uint32_t encsym[fmt::kNumSymbols];
+  // The AVX2 rows' table (one gather per 8 symbols): v3 blocks with a full row.
+  const uint32_t* dtab = nullptr;
+#if defined(PZ_HOST_AVX2)
+  uint32_t dtab_buf[simd::kDecTableEntries];
+#endif
+  // The scalar steps' table: v1/v2 streams, a v3 block's partial last row,
+  // every step without AVX2 (built only then).
+  uint8_t lookup[fmt::kProbScale];
+  const uint8_t* wp;
+  uint64_t words, rp;  // rp: the read position, words below it are still to be read
+  uint32_t x[kLanes];
+};
+
+// Parses the rANS segment (seg, seglen) of a block of n symbols into r.
+// Returns DecodeError bits.
+inline uint32_t open_rans(const uint8_t* seg, uint64_t seglen, const fmt::Header& h, uint32_t n, RansSegment* r) {
+  const int table_bytes = rans::parse_table(seg + 1, seg + seglen, r->freq);
+  if (table_bytes < 0) return kErrTable;
+  build_encsym(r->freq, r->encsym);
+  r->dtab = nullptr;
+#if defined(PZ_HOST_AVX2)
+  if (simd::avx2_enabled() && h.version >= fmt::kContigVersion && n >= fmt::kRowSymbols) {
+    simd::build_dec_table(r->freq, r->dtab_buf);
+    r->dtab = r->dtab_buf;
+  }
+#endif
+  if (!r->dtab || n % fmt::kRowSymbols)
+    for (int s = 0; s < fmt::kNumSymbols; ++s) memset(r->lookup + (r->encsym[s] >> 16), s, r->freq[s]);
+  const uint64_t wpos = fmt::align_up(1 + table_bytes, 4);
+  const uint64_t prefix = rans::rans_prefix_bytes(table_bytes);
+  if (prefix > seglen) return kErrSegment;
+  r->words = get_u32(seg + wpos);
+  if (prefix + 2 * r->words > seglen) return kErrSegment;
+  r->wp = seg + prefix;
+  for (int k = 0; k < kLanes; ++k) {
+    r->x[k] = get_u32(seg + wpos + 4 + 4 * k);
+    if (r->x[k] < fmt::kStateLow) return kErrStream;
+  }
+  r->rp = r->words;
+  return 0;
+}
+
+// A decoded segment must have read every word and left every lane at L.
+inline uint32_t close_rans(const RansSegment& r) {
+  if (r.rp != 0) return kErrStream;
+  for (int k = 0; k < kLanes; ++k)
+    if (r.x[k] != fmt::kStateLow) return kErrStream;
+  return 0;
+}
+
+#if defined(PZ_HOST_AVX2)
+inline simd::RowStream row_stream(RansSegment& r) { return {r.x, r.dtab, r.wp, r.words, r.rp}; }
+#endif
+
+// The v3 rANS decode of one block's n symbols into syms (the inverse of
+// rans_encode_rows): rows last to first, columns 7 .. 0, the lanes of a step
+// in reverse order, so a lane that renormalizes takes the word just below
+// the read position (the same words, in the same lanes, as the forward
+// assignment of docs/FORMAT.md) and every step is one pass. False when the
+// words run out.
+inline bool rans_decode_rows(RansSegment& r, uint32_t n, uint8_t* syms) {
   const uint32_t rows = (n + fmt::kRowSymbols - 1) / fmt::kRowSymbols;
-  const uint64_t words = rp;
-  [[maybe_unused]] const bool vec = dtab != nullptr;
+  uint32_t* x = r.x;
   for (uint32_t row = rows; row-- > 0;) {
     const uint32_t base = row * fmt::kRowSymbols;
     const uint32_t left = std::min<uint32_t>(fmt::kRowSymbols, n - base);
 #if defined(PZ_HOST_AVX2)
-    if (vec && left == fmt::kRowSymbols) {
-      if (rp >= fmt::kRowSymbols + 8 && rp + 8 <= words)
-        simd::decode_row<false>(x, dtab, wp, words, &rp, syms + base);
-      else if (!simd::decode_row<true>(x, dtab, wp, words, &rp, syms + base))
-        return false;
-    } else
+    if (r.dtab && left == fmt::kRowSymbols) {
+      simd::RowStream st = row_stream(r);
+      if (!simd::decode_row(st, syms + base)) return false;
+      r.rp = st.rp;
+      continue;
+    }
 #endif
     for (int j = fmt::kLaneRun - 1; j >= 0; --j) {
       const int lanes = row_lanes(left, j);
       for (int k = lanes - 1; k >= 0; --k) {
         const uint32_t slot = x[k] & (fmt::kProbScale - 1);
-        const uint8_t sym = lookup[slot];
-        const uint32_t es = encsym[sym];
+        const uint8_t sym = r.lookup[slot];
+        const uint32_t es = r.encsym[sym];
         uint32_t y = rans::dec_step(x[k], es & 0xffff, es >> 16);
         syms[base + fmt::kLaneRun * k + j] = sym;
         if (y < fmt::kStateLow) {  // a branch: rare enough to predict, and it keeps rp off the state chain
-          if (rp == 0) return false;
-          --rp;
-          y = (y << 16) | wp[2 * rp] | (uint32_t(wp[2 * rp + 1]) << 8);
+          if (r.rp == 0) return false;
+          --r.rp;
+          y = (y << 16) | r.wp[2 * r.rp] | (uint32_t(r.wp[2 * r.rp + 1]) << 8);
         }
         x[k] = y;
       }
     }
   }
+  return true;
+}
+
+// A block's elements from its symbols and raw planes, in one forward pass
+// (rows decode last to first: writing the output, and reading the raw plane,
+// backwards row by row ran at a third of the speed).
+template <fmt::DType D>
+void join_symbols(const uint8_t* stream, const fmt::Header& h, const fmt::Layout& l, uint64_t first, uint32_t n,
+                  const uint8_t* syms, uint8_t* out) {
   const uint8_t* raw8 = stream + l.raw_begin + first;
   if (!(D == fmt::DType::Float8E4M3FN || D == fmt::DType::Float8E5M2) || 2 * (first + n) <= h.numel)
     join_whole<D>(out + first * fmt::symbol_bytes(D), n, syms, raw8, stream + l.plane16_begin + 2 * first);
   else
     for (uint32_t i = 0; i < n; ++i)
-      T::join(out, first + i, h.numel, syms[i], raw8[i], raw16_at(stream, l, plane16, first + i));
-  *rp_io = rp;
-  return true;
+      FloatTraits<D>::join(out, first + i, h.numel, syms[i], raw8[i], raw16_at(stream, l, fmt::has_plane16(D), first + i));
+}
+
+// A v3 block's symbols, between its rows and its join.
+inline uint8_t* block_syms(int which) {
+  static thread_local uint8_t syms[2][1u << fmt::kMaxBlockLog2];
+  return syms[which];
 }
 
 // Decodes block b's symbols. Returns DecodeError bits (0 = ok). Never touches
@@ -371,74 +433,112 @@ uint32_t decode_symbols(const uint8_t* stream, const fmt::Header& h, const fmt::
   }
   if (seg[0] == fmt::kModeFixed && h.codec == fmt::Codec::Fixed) return decode_fixed(seg, seglen, n, emit);
   if (seg[0] != fmt::kModeRans || h.codec != fmt::Codec::Rans) return kErrSegment;
-  uint16_t freq[fmt::kNumSymbols];
-  const int table_bytes = rans::parse_table(seg + 1, seg + seglen, freq);
-  if (table_bytes < 0) return kErrTable;
-  uint32_t encsym[fmt::kNumSymbols];
-  build_encsym(freq, encsym);
-  // The AVX2 rows' table (one gather per 8 symbols): v3 blocks with a full row.
-  const uint32_t* dtab = nullptr;
-#if defined(PZ_HOST_AVX2)
-  uint32_t dtab_buf[simd::kDecTableEntries];
-  if (simd::avx2_enabled() && h.version >= fmt::kContigVersion && n >= fmt::kRowSymbols) {
-    simd::build_dec_table(freq, dtab_buf);
-    dtab = dtab_buf;
-  }
-#endif
-  // The scalar steps' table: v1/v2 streams, a v3 block's partial last row, every step without AVX2.
-  uint8_t lookup[fmt::kProbScale];
-  if (!dtab || n % fmt::kRowSymbols)
-    for (int s = 0; s < fmt::kNumSymbols; ++s) memset(lookup + (encsym[s] >> 16), s, freq[s]);
-  const uint64_t wpos = fmt::align_up(1 + table_bytes, 4);
-  const uint64_t prefix = rans::rans_prefix_bytes(table_bytes);
-  if (prefix > seglen) return kErrSegment;
-  const uint64_t words = get_u32(seg + wpos);
-  if (prefix + 2 * words > seglen) return kErrSegment;
-  const uint8_t* wp = seg + prefix;
-  uint32_t x[kLanes];
-  for (int k = 0; k < kLanes; ++k) {
-    x[k] = get_u32(seg + wpos + 4 + 4 * k);
-    if (x[k] < fmt::kStateLow) return kErrStream;
-  }
-  uint64_t rp = words;
+  RansSegment r;
+  if (const uint32_t e = open_rans(seg, seglen, h, n, &r)) return e;
   if (h.version >= fmt::kContigVersion) {
-    if (!rans_decode_rows<D>(stream, h, l, first, n, lookup, encsym, dtab, wp, x, &rp, out)) return kErrStream;
+    uint8_t* syms = block_syms(0);
+    if (!rans_decode_rows(r, n, syms)) return kErrStream;
+    join_symbols<D>(stream, h, l, first, n, syms, out);
   } else {  // v1/v2: symbol j of the block on lane j mod 32 at step j div 32
+    uint32_t* x = r.x;
     for (uint32_t s = (n + kLanes - 1) / kLanes; s-- > 0;) {
       const uint32_t base = s * kLanes;
       const int active = static_cast<int>(std::min<uint32_t>(kLanes, n - base));
       int count = 0;
       for (int k = 0; k < active; ++k) {
-        const uint8_t sym = lookup[x[k] & (fmt::kProbScale - 1)];
-        const uint32_t es = encsym[sym];
+        const uint8_t sym = r.lookup[x[k] & (fmt::kProbScale - 1)];
+        const uint32_t es = r.encsym[sym];
         x[k] = rans::dec_step(x[k], es & 0xffff, es >> 16);
         emit(base + k, sym);
         count += x[k] < fmt::kStateLow;
       }
-      if (static_cast<uint64_t>(count) > rp) return kErrStream;
-      uint64_t r = rp - count;
+      if (static_cast<uint64_t>(count) > r.rp) return kErrStream;
+      uint64_t rr = r.rp - count;
       for (int k = 0; k < active; ++k)
         if (x[k] < fmt::kStateLow) {
-          x[k] = (x[k] << 16) | wp[2 * r] | (uint32_t(wp[2 * r + 1]) << 8);
-          ++r;
+          x[k] = (x[k] << 16) | r.wp[2 * rr] | (uint32_t(r.wp[2 * rr + 1]) << 8);
+          ++rr;
         }
-      rp -= count;
+      r.rp -= count;
     }
   }
-  if (rp != 0) return kErrStream;
-  for (int k = 0; k < kLanes; ++k)
-    if (x[k] != fmt::kStateLow) return kErrStream;
-  return 0;
+  return close_rans(r);
+}
+
+// Block b's output against its checksum (v2 and later).
+template <fmt::DType D>
+uint32_t check_block(const uint8_t* stream, const fmt::Header& h, const fmt::Layout& l, uint64_t b, const uint8_t* out) {
+  if (!l.nsums) return 0;
+  const uint32_t want = get_u32(stream + l.sums_begin + 4 * b);
+  return block_checksum<D>(h, out, b << h.block_log2, fmt::block_symbols(h, l, b)) == want ? 0 : kErrChecksum;
 }
 
 // Decodes block b and (v2) checks its output against its checksum.
 template <fmt::DType D>
 uint32_t decode_block(const uint8_t* stream, const fmt::Header& h, const fmt::Layout& l, uint64_t b, uint8_t* out) {
   if (const uint32_t e = decode_symbols<D>(stream, h, l, b, out)) return e;
-  if (!l.nsums) return 0;
-  const uint64_t first = b << h.block_log2;
-  const uint32_t want = get_u32(stream + l.sums_begin + 4 * b);
-  return block_checksum<D>(h, out, first, fmt::block_symbols(h, l, b)) == want ? 0 : kErrChecksum;
+  return check_block<D>(stream, h, l, b, out);
+}
+
+// Blocks b and b + 1 with their rows interleaved (simd::decode_rows with two
+// streams: twice the chains in flight), when both are v3 rANS segments of
+// whole rows on the AVX2 path; *done: how many blocks the call decoded (0:
+// not such a pair, nothing done; decode_block then takes b). Returns what
+// decode_block on b, then on b + 1 if b is good, would: b + 1's output is not
+// written before b is decoded and checked.
+template <fmt::DType D>
+uint32_t decode_pair(const uint8_t* stream, const fmt::Header& h, const fmt::Layout& l, uint64_t b, uint8_t* out,
+                     int* done) {
+  *done = 0;
+#if defined(PZ_HOST_AVX2)
+  if (!simd::avx2_enabled() || h.version < fmt::kContigVersion || h.codec != fmt::Codec::Rans) return 0;
+  uint64_t sb[2], se[2];
+  uint32_t n[2];
+  for (int i = 0; i < 2; ++i) {
+    n[i] = fmt::block_symbols(h, l, b + i);
+    if (!segment_bounds(stream, h, l, b + i, &sb[i], &se[i]) || stream[l.coded_begin + sb[i]] != fmt::kModeRans ||
+        n[i] % fmt::kRowSymbols)
+      return 0;
+  }
+  RansSegment r[2];
+  uint32_t err[2];
+  for (int i = 0; i < 2; ++i) err[i] = open_rans(stream + l.coded_begin + sb[i], se[i] - sb[i], h, n[i], &r[i]);
+  *done = 1;
+  if (err[0]) return err[0];
+  uint8_t* syms[2] = {block_syms(0), block_syms(1)};
+  simd::RowStream st[2] = {row_stream(r[0]), row_stream(r[1])};
+  uint32_t row[2] = {n[0] / fmt::kRowSymbols, n[1] / fmt::kRowSymbols};
+  while (row[0] && row[1] && !err[1]) {
+    --row[0], --row[1];
+    uint8_t* at[2] = {syms[0] + row[0] * fmt::kRowSymbols, syms[1] + row[1] * fmt::kRowSymbols};
+    if (simd::row_unchecked(st[0]) && simd::row_unchecked(st[1])) {
+      simd::decode_rows<false, 2>(st, at);
+      continue;
+    }
+    if (!simd::decode_row(st[0], at[0])) return kErrStream;
+    if (!simd::decode_row(st[1], at[1])) err[1] = kErrStream;
+  }
+  while (row[0]) {
+    --row[0];
+    if (!simd::decode_row(st[0], syms[0] + row[0] * fmt::kRowSymbols)) return kErrStream;
+  }
+  while (row[1] && !err[1]) {
+    --row[1];
+    if (!simd::decode_row(st[1], syms[1] + row[1] * fmt::kRowSymbols)) err[1] = kErrStream;
+  }
+  r[0].rp = st[0].rp, r[1].rp = st[1].rp;
+  join_symbols<D>(stream, h, l, b << h.block_log2, n[0], syms[0], out);
+  if (const uint32_t e = close_rans(r[0])) return e;
+  if (const uint32_t e = check_block<D>(stream, h, l, b, out)) return e;
+  *done = 2;
+  if (err[1]) return err[1];
+  join_symbols<D>(stream, h, l, (b + 1) << h.block_log2, n[1], syms[1], out);
+  if (const uint32_t e = close_rans(r[1])) return e;
+  return check_block<D>(stream, h, l, b + 1, out);
+#else
+  (void)stream, (void)h, (void)l, (void)b, (void)out;
+  return 0;
+#endif
 }
 
 template <class F>
@@ -542,12 +642,17 @@ inline uint32_t decompress(const uint8_t* in, const fmt::Header& h, uint8_t* out
     return err.load();
   }
   parallel_for(l.nblocks, threads, [&](int, uint64_t lo, uint64_t hi) {
-    for (uint64_t b = lo; b < hi; ++b) {
-      const int e = PZ_DISPATCH_CODED_DTYPE(h.dtype, D, [&] { return static_cast<int>(decode_block<D>(in, h, l, b, out)); });
+    for (uint64_t b = lo; b < hi;) {
+      int done = 0;
+      const int e = PZ_DISPATCH_CODED_DTYPE(h.dtype, D, [&] {
+        const uint32_t pair = b + 1 < hi ? decode_pair<D>(in, h, l, b, out, &done) : 0;
+        return static_cast<int>(done ? pair : (done = 1, decode_block<D>(in, h, l, b, out)));
+      });
       if (e) {
         err.fetch_or(static_cast<uint32_t>(e));
         return;
       }
+      b += done;
     }
   });
   return err.load();

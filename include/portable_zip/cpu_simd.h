@@ -135,19 +135,39 @@ PZ_TARGET_AVX2 inline void build_dec_table(const uint16_t* freq, uint32_t* dtab)
   }
 }
 
-// Decodes one full 256-symbol row of a v3 block (rans_decode_rows, scalar in
-// cpu_codec.h): columns 7 .. 0, lane vectors 3 .. 0, so the renormalizing
-// lanes of a step take the words just below the read position rp, in lane
-// order. dtab: build_dec_table. syms[8k + j] gets lane k's symbol of column
-// j. False when the words run out. Unchecked (kChecked false) when the row
-// starts with rp >= 264 and rp + 8 <= words: a row takes at most 256 words,
-// and every 16-byte word load then lies inside the words.
-template <bool kChecked>
-PZ_TARGET_AVX2 inline bool decode_row(uint32_t* xs, const uint32_t* dtab, const uint8_t* wp, uint64_t words,
-                                      uint64_t* rp_io, uint8_t* syms) {
+// One block's state in decode_rows: its 32 lane states, table, words (wp,
+// words) and read position rp.
+struct RowStream {
+  uint32_t* xs;
+  const uint32_t* dtab;
+  const uint8_t* wp;
+  uint64_t words;
+  uint64_t rp;
+};
+
+// Whether a row of s can run unchecked: rp >= 264 and rp + 8 <= words (a row
+// takes at most 256 words, and every 16-byte word load then lies inside the
+// words).
+inline bool row_unchecked(const RowStream& s) { return s.rp >= fmt::kRowSymbols + 8 && s.rp + 8 <= s.words; }
+
+// Decodes one full 256-symbol row of a v3 block in each of the S streams
+// (rans_decode_rows, scalar in cpu_codec.h): columns 7 .. 0, lane vectors
+// 3 .. 0, so the renormalizing lanes of a step take the words just below the
+// read position rp, in lane order. dtab: build_dec_table. syms[s][8k + j]
+// gets stream s's lane k's symbol of column j. False when the words run out
+// (kChecked only; unchecked rows need row_unchecked). A lane's steps form one
+// chain (a gather, a multiply, the refill), so a block alone keeps only four
+// chains in flight: S = 2 runs two blocks' rows interleaved.
+template <bool kChecked, int S>
+PZ_TARGET_AVX2 inline bool decode_rows(RowStream* st, uint8_t* const* syms) {
+  static_assert(!kChecked || S == 1, "checked rows run one stream");
   const LaneRanks& lr = lane_ranks();
-  __m256i X[4];
-  for (int v = 0; v < 4; ++v) X[v] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs + 8 * v));
+  __m256i X[S][4];
+  uint64_t rp[S];
+  for (int s = 0; s < S; ++s) {
+    rp[s] = st[s].rp;
+    for (int v = 0; v < 4; ++v) X[s][v] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(st[s].xs + 8 * v));
+  }
   const __m256i slot_mask = _mm256_set1_epi32(fmt::kProbScale - 1), zero = _mm256_setzero_si256();
   const __m256i sixteen = _mm256_set1_epi32(16);
   // Byte 0 of each 32-bit lane of vector v to bytes 4v .. 4v+3 of each half.
@@ -155,39 +175,50 @@ PZ_TARGET_AVX2 inline bool decode_row(uint32_t* xs, const uint32_t* dtab, const 
   const __m256i pick[4] = {_mm256_setr_epi32(k, o, o, o, k, o, o, o), _mm256_setr_epi32(o, k, o, o, o, k, o, o),
                            _mm256_setr_epi32(o, o, k, o, o, o, k, o), _mm256_setr_epi32(o, o, o, k, o, o, o, k)};
   const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-  uint64_t rp = *rp_io;
-  alignas(32) uint8_t col[fmt::kLaneRun][fmt::kLanes];
+  alignas(32) uint8_t col[S][fmt::kLaneRun][fmt::kLanes];
   for (int j = fmt::kLaneRun - 1; j >= 0; --j) {
-    __m256i S = zero;
-    for (int v = 3; v >= 0; --v) {
-      const __m256i e = _mm256_i32gather_epi32(reinterpret_cast<const int*>(dtab), _mm256_and_si256(X[v], slot_mask), 4);
-      const __m256i hi = _mm256_srli_epi32(X[v], fmt::kProbBits);
-      const __m256i f1 = _mm256_and_si256(_mm256_srli_epi32(e, 8), slot_mask);
-      const __m256i y = _mm256_add_epi32(_mm256_add_epi32(_mm256_mullo_epi32(f1, hi), hi), _mm256_srli_epi32(e, 20));
-      const __m256i need = _mm256_cmpeq_epi32(_mm256_srli_epi32(y, 16), zero);  // y < 2^16
-      const unsigned m = static_cast<unsigned>(_mm256_movemask_ps(_mm256_castsi256_ps(need)));
-      const unsigned cnt = static_cast<unsigned>(_mm_popcnt_u32(m));
-      if (kChecked && cnt > rp) return false;
-      rp -= cnt;
-      __m128i w16;
-      if (!kChecked || rp + 8 <= words) {
-        w16 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wp + 2 * rp));
-      } else {  // the last words: copy only those in range
-        uint16_t t[8] = {};
-        memcpy(t, wp + 2 * rp, 2 * cnt);
-        w16 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(t));
+    __m256i sy[S];
+    for (int s = 0; s < S; ++s) sy[s] = zero;
+    for (int v = 3; v >= 0; --v)
+      for (int s = 0; s < S; ++s) {
+        const __m256i x = X[s][v];
+        const __m256i e = _mm256_i32gather_epi32(reinterpret_cast<const int*>(st[s].dtab), _mm256_and_si256(x, slot_mask), 4);
+        const __m256i hi = _mm256_srli_epi32(x, fmt::kProbBits);
+        const __m256i f1 = _mm256_and_si256(_mm256_srli_epi32(e, 8), slot_mask);
+        const __m256i y = _mm256_add_epi32(_mm256_add_epi32(_mm256_mullo_epi32(f1, hi), hi), _mm256_srli_epi32(e, 20));
+        const __m256i need = _mm256_cmpeq_epi32(_mm256_srli_epi32(y, 16), zero);  // y < 2^16
+        const unsigned m = static_cast<unsigned>(_mm256_movemask_ps(_mm256_castsi256_ps(need)));
+        const unsigned cnt = static_cast<unsigned>(_mm_popcnt_u32(m));
+        if (kChecked && cnt > rp[s]) return false;
+        rp[s] -= cnt;
+        const uint8_t* wp = st[s].wp;
+        __m128i w16;
+        if (!kChecked || rp[s] + 8 <= st[s].words) {
+          w16 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wp + 2 * rp[s]));
+        } else {  // the last words: copy only those in range
+          uint16_t t[8] = {};
+          memcpy(t, wp + 2 * rp[s], 2 * cnt);
+          w16 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(t));
+        }
+        const __m256i w = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(w16),
+                                              _mm256_load_si256(reinterpret_cast<const __m256i*>(lr.place[m])));
+        X[s][v] = _mm256_or_si256(_mm256_sllv_epi32(y, _mm256_and_si256(need, sixteen)), w);
+        sy[s] = _mm256_or_si256(sy[s], _mm256_shuffle_epi8(e, pick[v]));
       }
-      const __m256i w = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(w16),
-                                            _mm256_load_si256(reinterpret_cast<const __m256i*>(lr.place[m])));
-      X[v] = _mm256_or_si256(_mm256_sllv_epi32(y, _mm256_and_si256(need, sixteen)), w);
-      S = _mm256_or_si256(S, _mm256_shuffle_epi8(e, pick[v]));
-    }
-    _mm256_store_si256(reinterpret_cast<__m256i*>(col[j]), _mm256_permutevar8x32_epi32(S, order));
+    for (int s = 0; s < S; ++s)
+      _mm256_store_si256(reinterpret_cast<__m256i*>(col[s][j]), _mm256_permutevar8x32_epi32(sy[s], order));
   }
-  for (int v = 0; v < 4; ++v) _mm256_storeu_si256(reinterpret_cast<__m256i*>(xs + 8 * v), X[v]);
-  *rp_io = rp;
-  cols_to_row(&col[0][0], syms);
+  for (int s = 0; s < S; ++s) {
+    for (int v = 0; v < 4; ++v) _mm256_storeu_si256(reinterpret_cast<__m256i*>(st[s].xs + 8 * v), X[s][v]);
+    st[s].rp = rp[s];
+    cols_to_row(&col[s][0][0], syms[s]);
+  }
   return true;
+}
+
+// One row of one stream, unchecked where row_unchecked allows.
+PZ_TARGET_AVX2 inline bool decode_row(RowStream& st, uint8_t* syms) {
+  return row_unchecked(st) ? decode_rows<false, 1>(&st, &syms) : decode_rows<true, 1>(&st, &syms);
 }
 
 // The AVX2 encoder's table, two words per symbol: g | cum' << 12 | shift << 28
