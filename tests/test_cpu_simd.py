@@ -81,3 +81,93 @@ def test_simd_decoder_rejects_what_scalar_rejects():
                            input=bad.numpy().tobytes(), capture_output=True, env=dict(os.environ, PZ_CPU_SIMD=simd),
                            check=True)
         assert r.stdout.startswith(b"raised corrupted stream"), (simd, r.stdout, r.stderr)
+
+
+# Decodes each stream at 1, 2 and 3 threads: "ok" or the error's message.
+# Run here and, with PZ_CPU_SIMD=0, in a child.
+OUTCOMES = r"""
+def outcomes(streams):
+    out = []
+    for b in streams:
+        row = []
+        for threads in (1, 2, 3):
+            try:
+                pz.decompress(b, threads=threads)
+                row.append("ok")
+            except pz.FormatError as e:
+                row.append(str(e))
+        out.append(row)
+    return out
+"""
+exec(OUTCOMES)
+ERRORS_CHILD = ("import sys, torch, portable_zip as pz\n" + OUTCOMES +
+                "torch.save(outcomes(torch.load(sys.argv[1])), sys.argv[2])\n")
+
+
+def test_simd_and_scalar_report_the_same_errors(tmp_path: Path):
+    """Corruptions in one block of a multi-block stream (the first or second
+    block of a pair the AVX2 decoder runs interleaved, the last block; words,
+    lane states, word counts, checksums): AVX2 and scalar decoders, at 1, 2
+    and 3 threads, agree on each outcome and message."""
+    rng = fresh_rng()
+    t = weights(rng, 37 * 4096 + 4096 // 2 * 2, torch.bfloat16)  # 38 blocks of 4096 symbols, whole rows
+    buf = pz.compress(t, threads=1)
+    info = pz.inspect(buf)
+    nblocks = info["blocks"]
+    coded_begin = info["compressed_bytes"] - info["coded_bytes"]
+    offsets_begin = -(-(48 + t.numel()) // 16) * 16  # 1-D header: raw plane at 48, then the offsets
+    sums_begin = offsets_begin + 8 * nblocks
+    raw = buf.numpy()
+    ends = np.frombuffer(raw[offsets_begin: offsets_begin + 8 * nblocks].tobytes(), dtype="<u8").astype(np.int64)
+    assert ends[-1] == info["coded_bytes"]
+    begins = np.concatenate([[0], ends[:-1]])
+
+    def seg(b):
+        return coded_begin + int(begins[b]), coded_begin + int(ends[b])
+
+    streams = [buf]
+    for b in (0, 1, 2, 5, nblocks - 1):
+        lo, hi = seg(b)
+        assert raw[lo] == 1  # rANS mode
+        words = buf.clone()  # bytes in the middle of the block's words
+        mid = (lo + hi) // 2
+        words[mid: mid + 8] = torch.from_numpy(rng.integers(0, 256, 8, dtype=np.uint8))
+        streams.append(words)
+        late = buf.clone()  # the last words (read first)
+        late[hi - 24: hi - 16] ^= 0x5A
+        streams.append(late)
+        summed = buf.clone()
+        summed[sums_begin + 4 * b] ^= 1
+        streams.append(summed)
+    # Word count and a lane state: their offsets depend on the table's size, so
+    # find them: the word count is the u32 before the 32 states, and the states
+    # are the 128 bytes before the words; the words run to the segment's end (padded).
+    for b in (1, 4):
+        lo, hi = seg(b)
+        table_end = lo + 1
+        form = raw[table_end]
+        assert form in (0, 1)
+        # Corrupt a lane state to below L: scan for the first offset whose 32 u32 all lie in [2^16, 2^32).
+        for wpos in range(lo + 4, hi - 132, 4):
+            states = np.frombuffer(raw[wpos + 4: wpos + 132].tobytes(), dtype="<u4")
+            count = int(np.frombuffer(raw[wpos: wpos + 4].tobytes(), dtype="<u4")[0])
+            if (states >= 1 << 16).all() and wpos + 132 + 2 * count <= hi < wpos + 132 + 2 * count + 16:
+                break
+        else:
+            raise AssertionError("no word count and states found")
+        low = buf.clone()
+        low[wpos + 4 + 4 * 7 + 2: wpos + 4 + 4 * 7 + 4] = 0  # state 7 below 2^16
+        streams.append(low)
+        fewer = buf.clone()
+        fewer[wpos] = (int(raw[wpos]) + 255) % 256  # word count off by one
+        streams.append(fewer)
+    torch.save(streams, tmp_path / "in.pt")
+    mine = outcomes(streams)  # noqa: F821 (defined by exec(OUTCOMES))
+    assert mine[0] == ["ok"] * 3 and all(r != ["ok"] * 3 for r in mine[1:]), mine
+    env = dict(os.environ, PZ_CPU_SIMD="0")
+    subprocess.run([sys.executable, "-P", "-c", ERRORS_CHILD, str(tmp_path / "in.pt"), str(tmp_path / "out.pt")],
+                   env=env, check=True, cwd=tmp_path)
+    theirs = torch.load(tmp_path / "out.pt")
+    for i, (a, b) in enumerate(zip(mine, theirs)):
+        assert a == b, (i, a, b)
+        assert len(set(a)) == 1, (i, a)  # thread counts agree too
