@@ -12,7 +12,8 @@
 // write_table_group), giving the same results, where the CPU calls rans.h's
 // sequential versions; the lane loops below walk v3 rows column by column,
 // as the GPU's lanes do in lock step, and cpu_simd.h runs eight lanes at a
-// time with AVX2 (PZ_CPU_SIMD=0: the scalar loops here).
+// time with AVX2 (PZ_CPU_SIMD=0: the scalar loops here), decoding two blocks'
+// rows interleaved (decode_pair) for twice the independent lane chains.
 #pragma once
 #include <stdint.h>
 #include <string.h>
@@ -133,7 +134,7 @@ inline uint32_t raw_chunk_checksum(const uint8_t* p, uint64_t c, uint64_t len) {
 // (stored) when a step would reach it. Word stores are unconditional (a
 // renormalization is data-dependent: a branch on it mispredicts), and the
 // exact limit test runs only on steps that could reach it.
-inline bool rans_encode_rows(const uint8_t* syms, const uint8_t* cols, uint32_t n, const uint32_t* encsym,
+inline bool rans_encode_rows(const uint8_t* syms, [[maybe_unused]] const uint8_t* cols, uint32_t n, const uint32_t* encsym,
                              const rans::DivMagic* magic, uint8_t* seg, uint32_t prefix, uint64_t limit, uint32_t* x,
                              uint64_t* words_out) {
   uint64_t words = 0;
@@ -312,7 +313,8 @@ struct RansSegment {
 
 // Parses the rANS segment (seg, seglen) of a block of n symbols into r.
 // Returns DecodeError bits.
-inline uint32_t open_rans(const uint8_t* seg, uint64_t seglen, const fmt::Header& h, uint32_t n, RansSegment* r) {
+inline uint32_t open_rans(const uint8_t* seg, uint64_t seglen, [[maybe_unused]] const fmt::Header& h, uint32_t n,
+                          RansSegment* r) {
   const int table_bytes = rans::parse_table(seg + 1, seg + seglen, r->freq);
   if (table_bytes < 0) return kErrTable;
   build_encsym(r->freq, r->encsym);
