@@ -350,7 +350,9 @@ inline uint32_t close_rans(const RansSegment& r) {
 }
 
 #if defined(PZ_HOST_AVX2)
-inline simd::RowStream row_stream(RansSegment& r) { return {r.x, r.dtab, r.wp, r.words, r.rp}; }
+inline simd::RowStream row_stream(RansSegment& r, const uint8_t* stream, const fmt::Layout& l) {
+  return {r.x, r.dtab, r.wp, r.words, r.rp, stream, stream + l.total};
+}
 #endif
 
 // The v3 rANS decode of one block's n symbols into syms (the inverse of
@@ -359,7 +361,7 @@ inline simd::RowStream row_stream(RansSegment& r) { return {r.x, r.dtab, r.wp, r
 // the read position (the same words, in the same lanes, as the forward
 // assignment of docs/FORMAT.md) and every step is one pass. False when the
 // words run out.
-inline bool rans_decode_rows(RansSegment& r, uint32_t n, uint8_t* syms) {
+inline bool rans_decode_rows(const uint8_t* stream, const fmt::Layout& l, RansSegment& r, uint32_t n, uint8_t* syms) {
   const uint32_t rows = (n + fmt::kRowSymbols - 1) / fmt::kRowSymbols;
   uint32_t* x = r.x;
   for (uint32_t row = rows; row-- > 0;) {
@@ -367,7 +369,7 @@ inline bool rans_decode_rows(RansSegment& r, uint32_t n, uint8_t* syms) {
     const uint32_t left = std::min<uint32_t>(fmt::kRowSymbols, n - base);
 #if defined(PZ_HOST_AVX2)
     if (r.dtab && left == fmt::kRowSymbols) {
-      simd::RowStream st = row_stream(r);
+      simd::RowStream st = row_stream(r, stream, l);
       if (!simd::decode_row(st, syms + base)) return false;
       r.rp = st.rp;
       continue;
@@ -439,7 +441,7 @@ uint32_t decode_symbols(const uint8_t* stream, const fmt::Header& h, const fmt::
   if (const uint32_t e = open_rans(seg, seglen, h, n, &r)) return e;
   if (h.version >= fmt::kContigVersion) {
     uint8_t* syms = block_syms(0);
-    if (!rans_decode_rows(r, n, syms)) return kErrStream;
+    if (!rans_decode_rows(stream, l, r, n, syms)) return kErrStream;
     join_symbols<D>(stream, h, l, first, n, syms, out);
   } else {  // v1/v2: symbol j of the block on lane j mod 32 at step j div 32
     uint32_t* x = r.x;
@@ -508,13 +510,15 @@ uint32_t decode_pair(const uint8_t* stream, const fmt::Header& h, const fmt::Lay
   *done = 1;
   if (err[0]) return err[0];
   uint8_t* syms[2] = {block_syms(0), block_syms(1)};
-  simd::RowStream st[2] = {row_stream(r[0]), row_stream(r[1])};
+  simd::RowStream st[2] = {row_stream(r[0], stream, l), row_stream(r[1], stream, l)};
   uint32_t row[2] = {n[0] / fmt::kRowSymbols, n[1] / fmt::kRowSymbols};
   while (row[0] && row[1] && !err[1]) {
     --row[0], --row[1];
     uint8_t* at[2] = {syms[0] + row[0] * fmt::kRowSymbols, syms[1] + row[1] * fmt::kRowSymbols};
     if (simd::row_unchecked(st[0]) && simd::row_unchecked(st[1])) {
-      simd::decode_rows<false, 2>(st, at);
+      const unsigned failed = simd::decode_rows<false, 2>(st, at);
+      if (failed & 1) return kErrStream;
+      if (failed & 2) err[1] = kErrStream;
       continue;
     }
     if (!simd::decode_row(st[0], at[0])) return kErrStream;

@@ -136,36 +136,44 @@ PZ_TARGET_AVX2 inline void build_dec_table(const uint16_t* freq, uint32_t* dtab)
 }
 
 // One block's state in decode_rows: its 32 lane states, table, words (wp,
-// words) and read position rp.
+// words) and read position rp; [lo, hi): the bytes it may read (the stream).
 struct RowStream {
   uint32_t* xs;
   const uint32_t* dtab;
   const uint8_t* wp;
   uint64_t words;
   uint64_t rp;
+  const uint8_t* lo;
+  const uint8_t* hi;
 };
 
-// Whether a row of s can run unchecked: rp >= 264 and rp + 8 <= words (a row
-// takes at most 256 words, and every 16-byte word load then lies inside the
-// words).
-inline bool row_unchecked(const RowStream& s) { return s.rp >= fmt::kRowSymbols + 8 && s.rp + 8 <= s.words; }
+// Whether a row of s can run unchecked: a row takes at most 256 words, so its
+// 16-byte word loads lie in [wp + 2 rp - 512, wp + 2 rp + 16), which must be
+// readable. Words past the segment's end (the first rows) or below its start
+// (a corrupt stream: the row then reports it) are read but never used.
+inline bool row_unchecked(const RowStream& s) {
+  const uintptr_t at = reinterpret_cast<uintptr_t>(s.wp) + 2 * s.rp;
+  return at >= reinterpret_cast<uintptr_t>(s.lo) + 2 * fmt::kRowSymbols && at + 16 <= reinterpret_cast<uintptr_t>(s.hi);
+}
 
 // Decodes one full 256-symbol row of a v3 block in each of the S streams
 // (rans_decode_rows, scalar in cpu_codec.h): columns 7 .. 0, lane vectors
 // 3 .. 0, so the renormalizing lanes of a step take the words just below the
 // read position rp, in lane order. dtab: build_dec_table. syms[s][8k + j]
-// gets stream s's lane k's symbol of column j. False when the words run out
-// (kChecked only; unchecked rows need row_unchecked). A lane's steps form one
-// chain (a gather, a multiply, the refill), so a block alone keeps only four
-// chains in flight: S = 2 runs two blocks' rows interleaved.
+// gets stream s's lane k's symbol of column j. Returns a mask of the
+// streams whose words ran out (checked rows stop there; unchecked ones, which
+// need row_unchecked, finish the row with words from outside the segment and
+// then report it). A lane's steps form one chain (a gather, a multiply, the
+// refill), so a block alone keeps only four chains in flight: S = 2 runs two
+// blocks' rows interleaved.
 template <bool kChecked, int S>
-PZ_TARGET_AVX2 inline bool decode_rows(RowStream* st, uint8_t* const* syms) {
+PZ_TARGET_AVX2 inline unsigned decode_rows(RowStream* st, uint8_t* const* syms) {
   static_assert(!kChecked || S == 1, "checked rows run one stream");
   const LaneRanks& lr = lane_ranks();
   __m256i X[S][4];
-  uint64_t rp[S];
+  int64_t rp[S];  // below 0 (unchecked rows only): the words ran out
   for (int s = 0; s < S; ++s) {
-    rp[s] = st[s].rp;
+    rp[s] = static_cast<int64_t>(st[s].rp);
     for (int v = 0; v < 4; ++v) X[s][v] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(st[s].xs + 8 * v));
   }
   const __m256i slot_mask = _mm256_set1_epi32(fmt::kProbScale - 1), zero = _mm256_setzero_si256();
@@ -189,11 +197,11 @@ PZ_TARGET_AVX2 inline bool decode_rows(RowStream* st, uint8_t* const* syms) {
         const __m256i need = _mm256_cmpeq_epi32(_mm256_srli_epi32(y, 16), zero);  // y < 2^16
         const unsigned m = static_cast<unsigned>(_mm256_movemask_ps(_mm256_castsi256_ps(need)));
         const unsigned cnt = static_cast<unsigned>(_mm_popcnt_u32(m));
-        if (kChecked && cnt > rp[s]) return false;
+        if (kChecked && cnt > rp[s]) return 1;
         rp[s] -= cnt;
         const uint8_t* wp = st[s].wp;
         __m128i w16;
-        if (!kChecked || rp[s] + 8 <= st[s].words) {
+        if (!kChecked || static_cast<uint64_t>(rp[s]) + 8 <= st[s].words) {
           w16 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wp + 2 * rp[s]));
         } else {  // the last words: copy only those in range
           uint16_t t[8] = {};
@@ -208,17 +216,20 @@ PZ_TARGET_AVX2 inline bool decode_rows(RowStream* st, uint8_t* const* syms) {
     for (int s = 0; s < S; ++s)
       _mm256_store_si256(reinterpret_cast<__m256i*>(col[s][j]), _mm256_permutevar8x32_epi32(sy[s], order));
   }
+  unsigned failed = 0;
   for (int s = 0; s < S; ++s) {
     for (int v = 0; v < 4; ++v) _mm256_storeu_si256(reinterpret_cast<__m256i*>(st[s].xs + 8 * v), X[s][v]);
-    st[s].rp = rp[s];
+    if (rp[s] < 0) failed |= 1u << s;
+    st[s].rp = static_cast<uint64_t>(rp[s] < 0 ? 0 : rp[s]);
     cols_to_row(&col[s][0][0], syms[s]);
   }
-  return true;
+  return failed;
 }
 
-// One row of one stream, unchecked where row_unchecked allows.
+// One row of one stream, unchecked where row_unchecked allows. False when the
+// words run out.
 PZ_TARGET_AVX2 inline bool decode_row(RowStream& st, uint8_t* syms) {
-  return row_unchecked(st) ? decode_rows<false, 1>(&st, &syms) : decode_rows<true, 1>(&st, &syms);
+  return (row_unchecked(st) ? decode_rows<false, 1>(&st, &syms) : decode_rows<true, 1>(&st, &syms)) == 0;
 }
 
 // The AVX2 encoder's table, two words per symbol: g | cum' << 12 | shift << 28
