@@ -182,6 +182,23 @@ PZ_DEVICE PZ_FORCE_INLINE Chunk<D> split_chunk(const RawChunk<D>& r) {
       c.raw16[2 * q] = byte_perm(x[0], x[1], 0x5410);
       c.raw16[2 * q + 1] = byte_perm(x[2], x[3], 0x5410);
     }
+  } else if constexpr (D == fmt::DType::Float8E4M3FN || D == fmt::DType::Float8E5M2) {
+    // A symbol is a pair of elements: per byte, code = bits 3..6 and nibble
+    // = bit 7 over bits 0..2 (Fp8PairTraits); x | x >> 4 joins the pair in
+    // the low byte of each 16-bit half.
+    const uint32_t w[4] = {r.v[0].x, r.v[0].y, r.v[0].z, r.v[0].w};
+    auto codes = [](uint32_t x) {
+      const uint32_t c = (x >> 3) & 0x0f0f0f0fu;
+      return c | c >> 4;
+    };
+    auto nibs = [](uint32_t x) {
+      const uint32_t n = ((x >> 4) & 0x08080808u) | (x & 0x07070707u);
+      return n | n >> 4;
+    };
+    c.sym[0] = byte_perm(codes(w[0]), codes(w[1]), 0x6420);
+    c.sym[1] = byte_perm(codes(w[2]), codes(w[3]), 0x6420);
+    c.raw8[0] = byte_perm(nibs(w[0]), nibs(w[1]), 0x6420);
+    c.raw8[1] = byte_perm(nibs(w[2]), nibs(w[3]), 0x6420);
   } else {
     union {
       uint4 v[kSymBytes<D> / 2];
@@ -606,7 +623,7 @@ PZ_DEVICE PZ_FORCE_INLINE void compress_ticket(const CompressParams& p, uint64_t
 // per CTA, by group 0 only: on wave64 both groups share one wave, so no group
 // may spin on a result its wave-mate has yet to produce.
 template <fmt::DType D, bool Aligned, fmt::Codec C, bool Batched>
-PZ_DEVICE PZ_FORCE_INLINE void compress_kernel(CompressLaunch launch) {
+PZ_DEVICE PZ_FORCE_INLINE void compress_kernel(const CompressLaunch& launch) {
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ uint64_t cta_ticket;
   __shared__ uint64_t cta_size[kGroupsPerCta];

@@ -77,11 +77,16 @@ PZ_DEVICE PZ_FORCE_INLINE void join_row(const uint32_t* sym, uint2 r8, const uin
       w[k] = (t & 0x807fffffu) | sym[k] << 23;
     }
   } else {
+    static_assert(D == fmt::DType::Float8E4M3FN || D == fmt::DType::Float8E5M2, "fp8 pairs");
+    // Each symbol's two codes and each raw byte's two nibbles spread to the
+    // bytes of their elements, then every byte is nibble bit 3 << 4 | code
+    // << 3 | nibble bits 0..2 (Fp8PairTraits::unsplit), four at a time.
+    auto spread = [](uint32_t v) { return (v & 0x000f000fu) | (v & 0x00f000f0u) << 4; };
 #pragma unroll
-    for (int k = 0; k < fmt::kLaneRun; ++k) {
-      const uint32_t u = element_unit<D>(sym[k], ((k < 4 ? r8.x : r8.y) >> (8 * (k & 3))) & 0xff, 0u);
-      if (k & 1) w[k >> 1] |= u << 16;
-      else w[k >> 1] = u;
+    for (int j = 0; j < 4; ++j) {
+      const uint32_t cb = spread(sym[2 * j] | sym[2 * j + 1] << 16);
+      const uint32_t nb = spread(byte_perm(j < 2 ? r8.x : r8.y, 0u, (j & 1) ? 0x4342 : 0x4140));
+      w[j] = (nb & 0x08080808u) << 4 | cb << 3 | (nb & 0x07070707u);
     }
   }
 }
