@@ -211,6 +211,36 @@ PZ_HOST_SIMD_CLONES void join_whole(uint8_t* out, uint32_t n, const uint8_t* sym
   }
 }
 
+// A thread's guess at its next block's 8 most frequent symbols (from its
+// last block), and whether they covered enough of it for
+// simd::histogram_top8.
+struct HistHint {
+  uint8_t top[8];
+  bool vec = false;
+};
+
+// Sets hint from a block's histogram: its top 8 symbols (distinct), and
+// whether they cover >= 31/32 of the block's n symbols.
+inline void update_hint(const uint32_t* hist, uint32_t n, HistHint* hint) {
+  uint32_t tc[8];
+  int k = 0;
+  for (int s = 0; s < fmt::kNumSymbols; ++s) {
+    const uint32_t c = hist[s];
+    int pos;
+    if (k < 8)
+      pos = k++;
+    else if (c > tc[7])
+      pos = 7;
+    else
+      continue;
+    for (; pos > 0 && tc[pos - 1] < c; --pos) tc[pos] = tc[pos - 1], hint->top[pos] = hint->top[pos - 1];
+    tc[pos] = c, hint->top[pos] = static_cast<uint8_t>(s);
+  }
+  uint64_t covered = 0;
+  for (int c = 0; c < 8; ++c) covered += tc[c];
+  hint->vec = 32 * covered >= 31ull * n;
+}
+
 // Pass 1 of a block: split, histogram, raw planes, as three loops: the split
 // vectorizes on its own; the histogram counts into four tables, summed after
 // (skewed data sends most symbols to one counter, and one table would chain
@@ -219,7 +249,8 @@ PZ_HOST_SIMD_CLONES void join_whole(uint8_t* out, uint32_t n, const uint8_t* sym
 // 32j + k), for the AVX2 encoder's 8-lane loads.
 template <fmt::DType D>
 PZ_FORCE_INLINE void split_block(const uint8_t* in, const fmt::Header& h, const fmt::Layout& l, uint64_t first,
-                                 uint32_t n, uint8_t* stream, uint8_t* syms, uint8_t* cols, uint32_t* hist) {
+                                 uint32_t n, uint8_t* stream, uint8_t* syms, uint8_t* cols, uint32_t* hist,
+                                 HistHint* hint) {
   using T = FloatTraits<D>;
   constexpr bool plane16 = fmt::has_plane16(D);
   uint8_t* raw8 = stream + l.raw_begin + first;
@@ -234,11 +265,19 @@ PZ_FORCE_INLINE void split_block(const uint8_t* in, const fmt::Header& h, const 
       write_raw(stream, l, plane16, first + i, sp);
     }
   }
-  uint32_t h4[4][fmt::kNumSymbols] = {};
-  uint32_t i = 0;
-  for (; i + 4 <= n; i += 4) ++h4[0][syms[i]], ++h4[1][syms[i + 1]], ++h4[2][syms[i + 2]], ++h4[3][syms[i + 3]];
-  for (; i < n; ++i) ++h4[0][syms[i]];
-  for (int s = 0; s < fmt::kNumSymbols; ++s) hist[s] = h4[0][s] + h4[1][s] + h4[2][s] + h4[3][s];
+#if defined(PZ_HOST_AVX2)
+  if (hint && hint->vec && n % 32 == 0 && simd::avx2_enabled()) {
+    simd::histogram_top8(syms, n, hint->top, hist);
+  } else
+#endif
+  {
+    uint32_t h4[4][fmt::kNumSymbols] = {};
+    uint32_t i = 0;
+    for (; i + 4 <= n; i += 4) ++h4[0][syms[i]], ++h4[1][syms[i + 1]], ++h4[2][syms[i + 2]], ++h4[3][syms[i + 3]];
+    for (; i < n; ++i) ++h4[0][syms[i]];
+    for (int s = 0; s < fmt::kNumSymbols; ++s) hist[s] = h4[0][s] + h4[1][s] + h4[2][s] + h4[3][s];
+  }
+  if (hint) update_hint(hist, n, hint);
   if (cols)
     for (uint32_t row = 0; row < n; row += fmt::kRowSymbols) {
       const uint32_t left = std::min<uint32_t>(fmt::kRowSymbols, n - row);
@@ -257,13 +296,13 @@ PZ_FORCE_INLINE void split_block(const uint8_t* in, const fmt::Header& h, const 
 // The encoder writes the current version only (v3 lanes).
 template <fmt::DType D>
 uint64_t encode_block(const uint8_t* in, const fmt::Header& h, const fmt::Layout& l, uint64_t b,
-                      uint8_t* stream, uint8_t* seg, uint8_t* syms) {
+                      uint8_t* stream, uint8_t* seg, uint8_t* syms, HistHint* hint = nullptr) {
   const uint64_t first = b << h.block_log2;
   const uint32_t n = fmt::block_symbols(h, l, b);
   uint32_t hist[fmt::kNumSymbols];
   // syms: room for two blocks (compress()); the second holds the column-major copy.
   uint8_t* cols = simd::avx2_enabled() && h.codec == fmt::Codec::Rans ? syms + (1u << h.block_log2) : nullptr;
-  split_block<D>(in, h, l, first, n, stream, syms, cols, hist);
+  split_block<D>(in, h, l, first, n, stream, syms, cols, hist, simd::avx2_enabled() ? hint : nullptr);
   if (l.nsums) put_u32(stream + l.sums_begin + 4 * b, block_checksum<D>(h, in, first, n));
   if (h.codec == fmt::Codec::Fixed) return encode_fixed(seg, syms, hist, n);
   uint16_t freq[fmt::kNumSymbols];
@@ -589,11 +628,12 @@ inline uint64_t compress(const uint8_t* in, fmt::Header h, uint8_t* out, int thr
   uint8_t* coded = out + l.coded_begin;
   parallel_for(l.nblocks, nthreads, [&](int t, uint64_t lo, uint64_t hi) {
     std::vector<uint8_t> syms(2ull << h.block_log2);  // a block's symbols, then their column-major copy
+    HistHint hint;
     uint64_t at = lo * seg_cap;
     run_lo[t] = lo;
     for (uint64_t b = lo; b < hi; ++b) {
       sizes[b] = PZ_DISPATCH_CODED_DTYPE(h.dtype, D, [&] {
-        return static_cast<int>(encode_block<D>(in, h, l, b, out, coded + at, syms.data()));
+        return static_cast<int>(encode_block<D>(in, h, l, b, out, coded + at, syms.data(), &hint));
       });
       at += sizes[b];
     }

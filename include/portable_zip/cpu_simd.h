@@ -113,6 +113,40 @@ PZ_TARGET_AVX2 inline void cols_to_row(const uint8_t* cols, uint8_t* row) {
   }
 }
 
+// The histogram of n symbols (n a multiple of 32) that mostly take one of
+// the 8 distinct values top[0..7]: those are counted 32 at a time by compares
+// into 8-bit lanes (summed out every 255 vectors), the rest one by one. Exact
+// for any input; faster than the scalar four-table count (about 1.6x on
+// bf16 weights) while the rest are rare, so compress takes it where the
+// previous block's top 8 covered >= 31/32 of its symbols.
+PZ_TARGET_AVX2 inline void histogram_top8(const uint8_t* syms, uint32_t n, const uint8_t* top, uint32_t* hist) {
+  memset(hist, 0, fmt::kNumSymbols * sizeof(uint32_t));
+  __m256i cand[8], acc[8], sum[8];
+  const __m256i zero = _mm256_setzero_si256();
+  for (int c = 0; c < 8; ++c) cand[c] = _mm256_set1_epi8(static_cast<char>(top[c])), acc[c] = sum[c] = zero;
+  int filled = 0;
+  for (uint32_t i = 0; i < n; i += 32) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(syms + i));
+    __m256i any = zero;
+    for (int c = 0; c < 8; ++c) {
+      const __m256i e = _mm256_cmpeq_epi8(v, cand[c]);
+      acc[c] = _mm256_sub_epi8(acc[c], e);
+      any = _mm256_or_si256(any, e);
+    }
+    for (uint32_t rest = ~static_cast<uint32_t>(_mm256_movemask_epi8(any)); rest; rest &= rest - 1)
+      ++hist[syms[i + static_cast<uint32_t>(__builtin_ctz(rest))]];
+    if (++filled == 255) {
+      filled = 0;
+      for (int c = 0; c < 8; ++c) sum[c] = _mm256_add_epi64(sum[c], _mm256_sad_epu8(acc[c], zero)), acc[c] = zero;
+    }
+  }
+  for (int c = 0; c < 8; ++c) {
+    alignas(32) uint64_t t[4];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(t), _mm256_add_epi64(sum[c], _mm256_sad_epu8(acc[c], zero)));
+    hist[top[c]] += static_cast<uint32_t>(t[0] + t[1] + t[2] + t[3]);
+  }
+}
+
 // The AVX2 decoder's table: per slot, the symbol, its freq - 1 and the
 // slot's offset within the symbol's range (bias = slot - cum), so
 // dec_step = freq * (x >> 12) + bias in one gather:
