@@ -7,7 +7,7 @@
 namespace pz::gpu {
 
 #define PZ_COMPRESS(D, A, C, B)                                                                             \
-  extern "C" PZ_GLOBAL void __launch_bounds__(kCtaThreads) pz_compress_##D##_##A##_##C##_##B(const PZ_GRID_CONSTANT CompressLaunch l) { \
+  extern "C" PZ_GLOBAL void __launch_bounds__(kCtaThreads) pz_compress_##D##_##A##_##C##_##B(CompressLaunch l) { \
     compress_kernel<fmt::DType::D, A, fmt::Codec::C, B>(l);                                                  \
   }
 // Single tensors, aligned or not; batches take aligned inputs only.

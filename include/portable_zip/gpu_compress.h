@@ -623,7 +623,7 @@ PZ_DEVICE PZ_FORCE_INLINE void compress_ticket(const CompressParams& p, uint64_t
 // per CTA, by group 0 only: on wave64 both groups share one wave, so no group
 // may spin on a result its wave-mate has yet to produce.
 template <fmt::DType D, bool Aligned, fmt::Codec C, bool Batched>
-PZ_DEVICE PZ_FORCE_INLINE void compress_kernel(const CompressLaunch& launch) {
+PZ_DEVICE PZ_FORCE_INLINE void compress_kernel(CompressLaunch launch) {
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ uint64_t cta_ticket;
   __shared__ uint64_t cta_size[kGroupsPerCta];

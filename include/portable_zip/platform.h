@@ -46,15 +46,6 @@
 
 #define PZ_MAX_WARP_SIZE 64
 
-// A kernel parameter read in place even where its address is taken (a
-// dynamically indexed member): CUDA's __grid_constant__ (sm_70+); HIP reads
-// parameters from memory anyway.
-#if defined(PZ_CUDA)
-#define PZ_GRID_CONSTANT __grid_constant__
-#else
-#define PZ_GRID_CONSTANT
-#endif
-
 // Host code only: a hot CPU loop built twice, baseline and AVX2 (8 32-bit
 // multiplies per instruction instead of SSE2's emulated 4), the one to run
 // picked when the library loads (GCC target_clones, an ifunc on Linux).
