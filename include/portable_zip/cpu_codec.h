@@ -135,8 +135,13 @@ inline uint32_t raw_chunk_checksum(const uint8_t* p, uint64_t c, uint64_t len) {
 // renormalization is data-dependent: a branch on it mispredicts), and the
 // exact limit test runs only on steps that could reach it.
 inline bool rans_encode_rows(const uint8_t* syms, [[maybe_unused]] const uint8_t* cols, uint32_t n, const uint32_t* encsym,
-                             const rans::DivMagic* magic, uint8_t* seg, uint32_t prefix, uint64_t limit, uint32_t* x,
+                             const rans::DivMagic* magic, uint8_t* seg, uint32_t prefix, uint64_t limit, uint32_t* x_io,
                              uint64_t* words_out) {
+  // The states in a local array: the byte stores to seg may alias x_io, so a
+  // state behind a pointer is reloaded after every word (half the speed when
+  // this function is not inlined).
+  uint32_t x[kLanes];
+  memcpy(x, x_io, sizeof x);
   uint64_t words = 0;
 #if defined(PZ_HOST_AVX2)
   uint32_t packed[2 * fmt::kNumSymbols];  // simd::build_enc_table
@@ -185,6 +190,7 @@ inline bool rans_encode_rows(const uint8_t* syms, [[maybe_unused]] const uint8_t
       words = static_cast<uint64_t>(w - (seg + prefix)) / 2;
     }
   }
+  memcpy(x_io, x, sizeof x);
   *words_out = words;
   return true;
 }
