@@ -193,8 +193,9 @@ PZ_DEVICE PZ_FORCE_INLINE uint32_t decode_step(uint32_t& x, bool valid, const ui
   const uint32_t ballot = group_ballot(need);
   const uint32_t count = popc32(ballot);
   if constexpr (!Checked) {
-    // Every lane loads (no branch): lanes that need no word read the group's
-    // first, inside the words since rp >= count.
+    // Every lane loads (no branch): lanes that need no word read word
+    // rp - count, inside the words since the row started below the last
+    // word (rp < words) with rp >= 256 >= count.
     const uint32_t word = wp[rp - count + (need ? popc32(ballot & lt) : 0u)];
     x = need ? (x << 16) | word : x;
     rp -= count;
@@ -312,7 +313,11 @@ PZ_DEVICE PZ_FORCE_INLINE bool rans_rows(const DecompressParams& p, uint64_t fir
     if (lane < 2 && rp > 64u * (lane + 1)) prefetch_l1(wp + rp - 64u * (lane + 1));  // inside the words
     const uint32_t i0 = static_cast<uint32_t>(r) * fmt::kRowSymbols + R * lane;
     uint32_t sym[R];
-    if (Full && rp >= fmt::kRowSymbols) {  // group-uniform; a row takes at most one word per symbol
+    // Unchecked rows (group-uniform): a row takes at most one word per symbol,
+    // so rp >= 256 keeps every read inside the words; rp < words keeps the
+    // word read by lanes that need none (word rp - count, rp when none of
+    // the group needs one) off the stream's end, which word `words` may be.
+    if (Full && rp >= fmt::kRowSymbols && rp < words) {
 #pragma unroll
       for (int k = R - 1; k >= 0; --k) sym[k] = decode_step<false>(x, true, lookup, encsym, wp, lt, rp, bad);
     } else {
