@@ -142,7 +142,9 @@ def _compress_padded(t: torch.Tensor, threads: Optional[int] = None, max_sms: in
     cap = _C.max_compressed_size(code, numel, shape)
     out = (torch.zeros if zero_pad else torch.empty)(cap, dtype=torch.uint8, device=t.device)
     if t.device.type == "cpu":
-        _C.compress_cpu(t.data_ptr(), code, numel, shape, out.data_ptr(), _threads(threads), codec)
+        total = _C.compress_cpu(t.data_ptr(), code, numel, shape, out.data_ptr(), _threads(threads), codec)
+        if zero_pad:  # the CPU encoder stages segments past the stream's end before moving them into place
+            out[total:].zero_()
         return out
     with torch.cuda.device(t.device):
         # Raw-stored tensors go through a kernel too: it copies and computes the payload's checksums.
