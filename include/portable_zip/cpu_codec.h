@@ -611,7 +611,9 @@ void parallel_for(uint64_t count, int threads, F&& f) {
   for (auto& th : pool) th.join();
 }
 
-// Compresses into out (capacity >= fmt::max_stream_bytes(h)); returns total bytes.
+// Compresses into out (capacity >= fmt::max_stream_bytes(h)); returns total
+// bytes. The bytes of out past the total are left unspecified: segments are
+// staged there before they move into place.
 inline uint64_t compress(const uint8_t* in, fmt::Header h, uint8_t* out, int threads) {
   const fmt::Layout l = fmt::layout_of(h);
   if (h.codec == fmt::Codec::Raw) {
