@@ -8,7 +8,7 @@
 // (rans.h: rans::quantize, write_table, parse_table, div_magic), segment
 // bounds, the fixed code's table and the checksums (block.h). What differs,
 // and why: the GPU computes quantize, write_table and the fixed code's top 7
-// with a 32-lane group in parallel (gpu_codec.h: quantize_group,
+// with a 32-lane group in parallel (gpu_compress.h: quantize_group,
 // write_table_group), giving the same results, where the CPU calls rans.h's
 // sequential versions; the lane loops below walk v3 rows column by column,
 // as the GPU's lanes do in lock step, and cpu_simd.h runs eight lanes at a
