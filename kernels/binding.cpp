@@ -140,6 +140,8 @@ NB_MODULE(_C, m) {
     return nb::bytes(reinterpret_cast<const char*>(head.data()), head.size());
   });
 
+  m.def("advise_huge_pages", [](uintptr_t p, uint64_t n) { cpu_advise_huge_pages(ptr<uint8_t>(p), n); });
+
   m.def("compress_cpu", [](uintptr_t in, int dtype, uint64_t numel, const std::vector<int64_t>& shape, uintptr_t out,
                            int threads, int codec) {
     const fmt::Header h = plan(dtype, numel, shape, codec);

@@ -16,6 +16,9 @@ void set_last_error(const char* what, const char* detail);
 // CPU (every build). threads <= 0 means one per hardware thread.
 uint64_t cpu_compress(const uint8_t* in, const fmt::Header& h, uint8_t* out, int threads);
 uint32_t cpu_decompress(const uint8_t* in, const fmt::Header& h, uint8_t* out, int threads);
+// Asks the kernel to back a fresh buffer with transparent huge pages (Linux,
+// where THP is "madvise"): first touches then fault 2 MiB at a time.
+void cpu_advise_huge_pages(void* p, uint64_t n);
 
 // GPU (whichever vendor runtime device_api.h loaded; device < 0 means the
 // calling thread's current device). Workspace is device memory the launcher
