@@ -390,6 +390,33 @@ def words_run_out_stream() -> torch.Tensor:
     return resign(torch.frombuffer(out, dtype=torch.uint8).clone())
 
 
+def words_at_end_stream() -> torch.Tensor:
+    """A one-block bf16 stream whose rANS segment ends the buffer exactly (514
+    words: 140 + 1028 bytes, no padding) and whose states (all 2^32 - 1) need
+    no word for their first 16 steps: a decoder that loads a word for lanes
+    that need none, at the word position, reads the 2 bytes past the stream."""
+    t = weights(fresh_rng(), 4096, torch.bfloat16)
+    buf = pz.compress(t)
+    info = pz.inspect(buf)
+    assert info["blocks"] == 1 and info["codec"] == "rans"
+    raw_end = (info["header_bytes"] + 15) // 16 * 16 + 4096
+    offsets = (raw_end + 15) // 16 * 16
+    coded = info["compressed_bytes"] - info["coded_bytes"]
+    words = 514
+    seg = bytes([1, 0, 0, 1, 0x88, 0x00, 0x88, 0x00]) + words.to_bytes(4, "little") + (2**32 - 1).to_bytes(4, "little") * 32
+    seg += bytes(fresh_rng().integers(0, 256, 2 * words, dtype=np.uint8))
+    assert len(seg) % 16 == 0
+    out = bytearray(buf[:coded].numpy().tobytes()) + seg
+    out[offsets: offsets + 8] = len(seg).to_bytes(8, "little")
+    out[8:16] = len(out).to_bytes(8, "little")
+    return resign(torch.frombuffer(out, dtype=torch.uint8).clone())
+
+
+def test_words_at_end():
+    with pytest.raises(pz.FormatError):
+        pz.decompress(words_at_end_stream())
+
+
 def test_words_run_out():
     with pytest.raises(pz.FormatError, match="coded data is inconsistent"):
         pz.decompress(words_run_out_stream())

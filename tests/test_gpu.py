@@ -11,7 +11,7 @@ import torch
 
 import portable_zip as pz
 from conftest import fresh_rng, random_bits, same_bits, weights
-from test_errors import resign, words_run_out_stream
+from test_errors import resign, words_at_end_stream, words_run_out_stream
 from test_fuzz import fuzz, make_streams, mutate, mutate_bytes
 
 pytestmark = pytest.mark.gpu
@@ -342,4 +342,14 @@ def test_gpu_mutated_words_run_out():
     with pytest.raises(pz.FormatError, match="coded data is inconsistent"):
         pz.decompress(buf)
     with pytest.raises(pz.FormatError, match="coded data is inconsistent"):
+        pz.decompress(buf, out=torch.empty(4096, dtype=torch.bfloat16, device=DEV), check=True)
+
+
+def test_gpu_mutated_words_at_end():
+    """A segment ending its buffer exactly, whose first steps need no word:
+    the decoders raise without reading past the stream (memcheck runs this)."""
+    buf = words_at_end_stream().to(DEV)
+    with pytest.raises(pz.FormatError):
+        pz.decompress(buf)
+    with pytest.raises(pz.FormatError):
         pz.decompress(buf, out=torch.empty(4096, dtype=torch.bfloat16, device=DEV), check=True)
