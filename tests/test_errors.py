@@ -370,24 +370,32 @@ def test_cpu_decodes_check_before_returning():
     pz.check()
 
 
-def words_run_out_stream() -> torch.Tensor:
-    """A one-block bf16 stream whose rANS segment holds no coded words but
-    needs them at once (states 2^16, two symbols of frequency 2048: the first
-    step renormalizes every lane), and ends the buffer: a decoder that reads
-    words it does not have reads past the stream."""
-    t = weights(fresh_rng(), 4096, torch.bfloat16)
-    buf = pz.compress(t)
+def one_block_stream(seg: bytes) -> torch.Tensor:
+    """A one-block bf16 stream (4096 elements) whose only segment is seg,
+    ending the buffer, with the offsets, total and header checksum to match."""
+    buf = pz.compress(weights(fresh_rng(), 4096, torch.bfloat16))
     info = pz.inspect(buf)
     assert info["blocks"] == 1 and info["codec"] == "rans"
     raw_end = (info["header_bytes"] + 15) // 16 * 16 + 4096
     offsets = (raw_end + 15) // 16 * 16
     coded = info["compressed_bytes"] - info["coded_bytes"]
-    seg = bytes([1, 0, 0, 1, 0x88, 0x00, 0x88, 0x00]) + (0).to_bytes(4, "little") + (1 << 16).to_bytes(4, "little") * 32
-    seg += bytes(-len(seg) % 16)
     out = bytearray(buf[:coded].numpy().tobytes()) + seg
     out[offsets: offsets + 8] = len(seg).to_bytes(8, "little")
     out[8:16] = len(out).to_bytes(8, "little")
     return resign(torch.frombuffer(out, dtype=torch.uint8).clone())
+
+
+# A rANS segment's table: symbols 0 and 1, frequency 2048 each.
+TWO_SYMBOLS = bytes([1, 0, 0, 1, 0x88, 0x00, 0x88, 0x00])
+
+
+def words_run_out_stream() -> torch.Tensor:
+    """A one-block bf16 stream whose rANS segment holds no coded words but
+    needs them at once (states 2^16, two symbols of frequency 2048: the first
+    step renormalizes every lane), and ends the buffer: a decoder that reads
+    words it does not have reads past the stream."""
+    seg = TWO_SYMBOLS + (0).to_bytes(4, "little") + (1 << 16).to_bytes(4, "little") * 32
+    return one_block_stream(seg + bytes(-len(seg) % 16))
 
 
 def words_at_end_stream() -> torch.Tensor:
@@ -395,21 +403,11 @@ def words_at_end_stream() -> torch.Tensor:
     words: 140 + 1028 bytes, no padding) and whose states (all 2^32 - 1) need
     no word for their first 16 steps: a decoder that loads a word for lanes
     that need none, at the word position, reads the 2 bytes past the stream."""
-    t = weights(fresh_rng(), 4096, torch.bfloat16)
-    buf = pz.compress(t)
-    info = pz.inspect(buf)
-    assert info["blocks"] == 1 and info["codec"] == "rans"
-    raw_end = (info["header_bytes"] + 15) // 16 * 16 + 4096
-    offsets = (raw_end + 15) // 16 * 16
-    coded = info["compressed_bytes"] - info["coded_bytes"]
     words = 514
-    seg = bytes([1, 0, 0, 1, 0x88, 0x00, 0x88, 0x00]) + words.to_bytes(4, "little") + (2**32 - 1).to_bytes(4, "little") * 32
+    seg = TWO_SYMBOLS + words.to_bytes(4, "little") + (2**32 - 1).to_bytes(4, "little") * 32
     seg += bytes(fresh_rng().integers(0, 256, 2 * words, dtype=np.uint8))
     assert len(seg) % 16 == 0
-    out = bytearray(buf[:coded].numpy().tobytes()) + seg
-    out[offsets: offsets + 8] = len(seg).to_bytes(8, "little")
-    out[8:16] = len(out).to_bytes(8, "little")
-    return resign(torch.frombuffer(out, dtype=torch.uint8).clone())
+    return one_block_stream(seg)
 
 
 def test_words_at_end():
