@@ -144,13 +144,12 @@ PZ_DEVICE PZ_FORCE_INLINE RawChunk<D> load_raw(const uint8_t* in, uint64_t sym_i
   return r;
 }
 
-// The split of a loaded chunk (dtype_traits.h), two to four symbols per
-// instruction where the dtype allows: a symbol and a raw byte sit at fixed
-// bit positions of each element, so shifts and byte permutes gather four
-// at a time (bf16: 2 instructions per symbol instead of ~15).
+// The split of a loaded chunk (FloatTraits::split, for every coded dtype):
+// a symbol and a raw byte sit at fixed bit positions of each element, so
+// shifts and byte permutes gather four at a time (bf16: 2 instructions per
+// symbol instead of ~15 for the byte-wise split).
 template <fmt::DType D>
 PZ_DEVICE PZ_FORCE_INLINE Chunk<D> split_chunk(const RawChunk<D>& r) {
-  using T = FloatTraits<D>;
   Chunk<D> c{};
   if constexpr (D == fmt::DType::BFloat16) {
     // Per 16-bit element: symbol = bits 7..14, raw byte = bit 15 over bits
@@ -182,7 +181,8 @@ PZ_DEVICE PZ_FORCE_INLINE Chunk<D> split_chunk(const RawChunk<D>& r) {
       c.raw16[2 * q] = byte_perm(x[0], x[1], 0x5410);
       c.raw16[2 * q + 1] = byte_perm(x[2], x[3], 0x5410);
     }
-  } else if constexpr (D == fmt::DType::Float8E4M3FN || D == fmt::DType::Float8E5M2) {
+  } else {
+    static_assert(D == fmt::DType::Float8E4M3FN || D == fmt::DType::Float8E5M2, "fp8 pairs");
     // A symbol is a pair of elements: per byte, code = bits 3..6 and nibble
     // = bit 7 over bits 0..2 (Fp8PairTraits); x | x >> 4 joins the pair in
     // the low byte of each 16-bit half.
@@ -199,20 +199,6 @@ PZ_DEVICE PZ_FORCE_INLINE Chunk<D> split_chunk(const RawChunk<D>& r) {
     c.sym[1] = byte_perm(codes(w[2]), codes(w[3]), 0x6420);
     c.raw8[0] = byte_perm(nibs(w[0]), nibs(w[1]), 0x6420);
     c.raw8[1] = byte_perm(nibs(w[2]), nibs(w[3]), 0x6420);
-  } else {
-    union {
-      uint4 v[kSymBytes<D> / 2];
-      uint8_t b[8 * kSymBytes<D>];
-    } u;
-#pragma unroll
-    for (int k = 0; k < kSymBytes<D> / 2; ++k) u.v[k] = r.v[k];
-#pragma unroll
-    for (int k = 0; k < kChunkSyms; ++k) {
-      const Split sp = T::split(u.b, k, ~0ull);
-      c.sym[k >> 2] |= uint32_t(sp.sym) << (8 * (k & 3));
-      c.raw8[k >> 2] |= uint32_t(sp.raw8) << (8 * (k & 3));
-      c.raw16[k >> 1] |= uint32_t(sp.raw16) << (16 * (k & 1));
-    }
   }
   return c;
 }
