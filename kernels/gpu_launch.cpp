@@ -76,13 +76,22 @@ static uint64_t tickets_of(const fmt::Header& h) {
 }
 
 // Workspace: ticket counter (16 B), look-back status words of every tensor,
-// then, for a batch, its parameter table and ticket ends. The first two are
-// cleared on the stream; the table is copied in.
+// then, for a batch, its parameter table and ticket ends, then (rANS) the
+// spill slots of the grid's CTAs (gpu_params.h: kSpillBytes). The first two
+// are cleared on the stream; the table is copied in.
+static uint64_t spill_offset(uint64_t tickets, int n) {
+  return fmt::align_up(16 + (n > 1 ? fmt::align_up(8 * tickets, 16) + n * sizeof(gpu::CompressParams) + 8ull * n : 8 * tickets),
+                       16);
+}
+
+// At most one CTA per ticket, and never more than kSpillCtas.
+static uint64_t spill_ctas(uint64_t tickets) { return tickets < gpu::kSpillCtas ? tickets : gpu::kSpillCtas; }
+
 uint64_t gpu_compress_batch_workspace_bytes(const fmt::Header* hs, int n) {
   uint64_t tickets = 0;
   for (int j = 0; j < n; ++j) tickets += tickets_of(hs[j]);
-  const uint64_t table = n > 1 ? fmt::align_up(8 * tickets, 16) + n * sizeof(gpu::CompressParams) + 8ull * n : 8 * tickets;
-  return 16 + table;
+  const bool rans = n > 0 && hs[0].codec == fmt::Codec::Rans;
+  return spill_offset(tickets, n) + (rans ? spill_ctas(tickets) * gpu::kGroupsPerCta * gpu::kSpillBytes : 0);
 }
 
 uint64_t gpu_compress_workspace_bytes(const fmt::Header& h) { return gpu_compress_batch_workspace_bytes(&h, 1); }
@@ -134,6 +143,7 @@ int gpu_compress_batch(const uint8_t* const* ins, const fmt::Header* hs, uint8_t
   launch.one = jobs[0];
   launch.njobs = static_cast<uint32_t>(n);
   launch.ticket = reinterpret_cast<uint32_t*>(ws);
+  launch.spill = hs[0].codec == fmt::Codec::Rans ? ws + spill_offset(tickets, n) : nullptr;
   if (n > 1) {  // pageable source: the copy is staged before the call returns
     uint8_t* table = ws + fmt::align_up(16 + 8 * tickets, 16);
     e = dev::memcpy_async(table, jobs.data(), n * sizeof(gpu::CompressParams), stream);
@@ -142,7 +152,7 @@ int gpu_compress_batch(const uint8_t* const* ins, const fmt::Header* hs, uint8_t
     launch.jobs = reinterpret_cast<const gpu::CompressParams*>(table);
     launch.ticket_end = reinterpret_cast<const uint64_t*>(table + n * sizeof(gpu::CompressParams));
   }
-  return run(r, persistent_grid(r, tickets, max_sms), smem, stream, launch, "launching the compress kernel");
+  return run(r, persistent_grid(r, spill_ctas(tickets), max_sms), smem, stream, launch, "launching the compress kernel");
 }
 
 // Raw streams: one launch copies the payload and computes (encode) or checks

@@ -39,6 +39,17 @@ def test_gpu_sizes(coded_dtype, numel):
     gpu_roundtrip(random_bits(rng, numel, coded_dtype))
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float8_e4m3fn])
+def test_gpu_sizes_past_staging(dtype):
+    """Blocks of 2^14 symbols whose rANS segments pass the encoder's 8 KB
+    shared-memory staging (gpu_params.h: the rest spills to a global slot):
+    same bytes as the CPU, and they decode."""
+    t = torch.from_numpy(fresh_rng().standard_normal(1 << 23).astype(np.float32)).to(dtype)
+    info = pz.inspect(pz.compress(t))
+    assert info["block_symbols"] == 1 << 14 and info["coded_bytes"] > 8192 * info["blocks"], info
+    gpu_roundtrip(t)
+
+
 @pytest.mark.parametrize("numel", [1, 33, 4097, 65537, (1 << 22) + 3])
 def test_gpu_fixed_codec(coded_dtype, numel):
     rng = fresh_rng()

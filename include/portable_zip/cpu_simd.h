@@ -266,20 +266,12 @@ PZ_TARGET_AVX2 inline bool decode_row(RowStream& st, uint8_t* syms) {
   return (row_unchecked(st) ? decode_rows<false, 1>(&st, &syms) : decode_rows<true, 1>(&st, &syms)) == 0;
 }
 
-// The AVX2 encoder's table, two words per symbol: g | cum' << 12 | shift << 28
-// and a magic, where g = 4096 - freq, so that
-//   renormalize:  x >= freq << 20  <=>  (x >> 20) + g > 4095
-//   put:          (q << 12) + (x - q * freq) + cum = x + q * g + cum
-// with q = x / freq by rans::div_by_magic. Freq 1 (rans.h's shift 31: q = x)
-// takes magic 2^32 - 1 and shift 0 instead, for which the same multiply gives
-// q = x - 1 (t = x - 1 for 1 <= x < 2^32), made good by cum' = cum + 4095:
-// x + (x - 1) * 4095 + cum + 4095 = 4096 x + cum. cum' < 2^13, shift <= 11.
+// The AVX2 encoder's table: rans::enc_entry per symbol, two words each.
 inline void build_enc_table(const uint32_t* encsym, const rans::DivMagic* magic, uint32_t* enc) {
   for (int s = 0; s < fmt::kNumSymbols; ++s) {
-    const uint32_t f = encsym[s] & 0xffff, cum = encsym[s] >> 16;
-    const bool one = magic[s].shift == 31;
-    enc[2 * s] = (fmt::kProbScale - f) | (cum + (one ? fmt::kProbScale - 1 : 0)) << 12 | (one ? 0 : magic[s].shift) << 28;
-    enc[2 * s + 1] = one ? 0xffffffffu : magic[s].magic;
+    const rans::EncEntry e = rans::enc_entry(encsym[s] & 0xffff, encsym[s] >> 16, magic[s]);
+    enc[2 * s] = e.w;
+    enc[2 * s + 1] = e.magic;
   }
 }
 
@@ -316,7 +308,7 @@ PZ_TARGET_AVX2 inline uint32_t encode_row(uint32_t* xs, const uint8_t* cols, con
       _mm_storeu_si128(reinterpret_cast<__m128i*>(w), _mm256_castsi256_si128(_mm256_permute4x64_epi64(sel, 0x08)));
       w += 2 * _mm_popcnt_u32(m);
       const __m256i xr = _mm256_srlv_epi32(x, _mm256_and_si256(need, sixteen));
-      // q = xr / freq by the magic multiply (freq 1: q = xr - 1, see build_enc_table).
+      // q = xr / freq by the magic multiply (freq 1: q = xr - 1, see rans::enc_entry).
       const __m256i even = _mm256_srli_epi64(_mm256_mul_epu32(xr, mag), 32);
       const __m256i odd = _mm256_mul_epu32(_mm256_srli_epi64(xr, 32), _mm256_srli_epi64(mag, 32));
       const __m256i t = _mm256_blend_epi32(even, odd, 0xaa);

@@ -216,8 +216,9 @@ PZ_DEVICE PZ_FORCE_INLINE uint32_t chunk_checksum(const RawChunk<D>& r, uint32_t
 }
 
 // Pass 2 driver: calls f(idx, sym, valid) for the block's symbols step by
-// step, 8 steps per 256-symbol row, and row_done() after each row, stopping
-// when it returns true (group-uniform). A row is loaded as one 8-symbol chunk
+// step, 8 steps per 256-symbol row, from row_begin (a multiple of 256), and
+// row_done() after each row, stopping when it returns true (group-uniform).
+// Returns the symbol where it stopped (>= n when the block is done). A row is loaded as one 8-symbol chunk
 // per lane. Contig (format v3 rANS): lane L codes its own chunk, symbol
 // row + 8L + k at step k, straight from its registers. Otherwise (v1/v2
 // layout, the fixed code) the chunks are redistributed with shuffles so lane
@@ -226,7 +227,8 @@ PZ_DEVICE PZ_FORCE_INLINE uint32_t chunk_checksum(const RawChunk<D>& r, uint32_t
 // all), so the compiler can overlap one step's symbol fetch with the previous
 // step's state update.
 template <fmt::DType D, bool Aligned, bool Full, bool Contig, class F, class R>
-PZ_DEVICE PZ_FORCE_INLINE void for_each_step(const CompressParams& p, uint64_t first, uint32_t n, F&& f, R&& row_done) {
+PZ_DEVICE PZ_FORCE_INLINE uint32_t for_each_step(const CompressParams& p, uint64_t first, uint32_t n, uint32_t row_begin, F&& f,
+                                                 R&& row_done) {
   using T = FloatTraits<D>;
   const fmt::Header& h = p.h;
   const int lane = group_lane();
@@ -234,9 +236,11 @@ PZ_DEVICE PZ_FORCE_INLINE void for_each_step(const CompressParams& p, uint64_t f
   static_assert(kChunkSyms == fmt::kLaneRun, "a v3 lane's run is one chunk");
   RawChunk<D> next1{}, next2{};
   auto in_range = [&](uint32_t i) { return Full ? i + kChunkSyms <= n : chunk_in_range<D>(h, first, i, n); };
-  if (Aligned && in_range(lane * kChunkSyms)) next1 = load_raw<D>(p.in, first + lane * kChunkSyms);
-  if (Aligned && in_range(kRow + lane * kChunkSyms)) next2 = load_raw<D>(p.in, first + kRow + lane * kChunkSyms);
-  for (uint32_t row = 0; row < n; row += kRow) {
+  const uint32_t mine0 = row_begin + lane * kChunkSyms;
+  if (Aligned && in_range(mine0)) next1 = load_raw<D>(p.in, first + mine0);
+  if (Aligned && in_range(mine0 + kRow)) next2 = load_raw<D>(p.in, first + mine0 + kRow);
+  uint32_t row = row_begin;
+  for (; row < n; row += kRow) {
     uint32_t lo = 0, hi = 0;
     const uint32_t mine = row + lane * kChunkSyms;
     const bool vec = Aligned && in_range(mine);
@@ -265,14 +269,16 @@ PZ_DEVICE PZ_FORCE_INLINE void for_each_step(const CompressParams& p, uint64_t f
         f(idx, row_byte(lo, hi, k), Full || idx < n);
       }
     }
-    if (row_done()) break;
+    if (row_done()) return row + kRow;
   }
+  return row;
 }
 
 // Where a block's segment is at look-back time. Staged: all of it is in the
 // staging buffer. Stored: nothing is (the symbols are split again at copy-out).
-// Overflow: the prefix is staged and the coded body is encoded again into the
-// output.
+// Overflow: rANS, its first kStagingBytes are staged and the rest is in the
+// group's spill slot; the fixed code, the prefix is staged and the body is
+// encoded into the output.
 enum SegmentKind : uint32_t { kStaged = 0, kStoredLate = 1, kOverflow = 2 };
 struct Segment {
   uint32_t used;    // bytes before padding
@@ -280,39 +286,58 @@ struct Segment {
   uint32_t prefix;  // rANS: bytes before the words
 };
 
-// The rANS encode loop: words go to wbuf while below cap (a word count past
-// the block's limit makes it stored). Returns the final states and the total
-// word count; *stored tells whether the words reached the limit.
+template <bool B>
+struct Flag {
+  static constexpr bool value = B;
+};
+
+// The rANS encode loop: words go to wbuf while below cap, then to spill (a
+// word count past the block's limit makes it stored). Rows run without the
+// spill test while a whole row's words (at most kRowSymbols) fit below cap.
+// Returns the final states and the total word count; *stored tells whether
+// the words reached the limit.
 template <fmt::DType D, bool Aligned>
 PZ_DEVICE PZ_FORCE_INLINE void rans_loop(const CompressParams& p, uint64_t first, uint32_t n, const uint2* enc,
-                                         uint16_t* wbuf, uint32_t cap, uint32_t prefix, uint32_t limit, uint32_t* x_out,
-                                         uint32_t* words_out, bool* stored) {
+                                         uint16_t* wbuf, uint32_t cap, uint16_t* spill, uint32_t prefix, uint32_t limit,
+                                         uint32_t* x_out, uint32_t* words_out, bool* stored) {
   const uint32_t lt = group_lanemask_lt();
   uint32_t x = fmt::kStateLow, words = 0;
-  auto step = [&](uint32_t, uint32_t sym, bool valid) {
-    const uint2 e = enc[sym];
-    const uint32_t f = e.x & 0x1fff;
-    const bool need = valid && (x >> (32 - fmt::kProbBits)) >= f;  // rans::enc_renorm_needed, in 32 bits
+  auto step = [&](uint32_t sym, bool valid, auto spilling) {
+    const uint2 e = enc[sym];  // rans::enc_entry
+    const bool need = valid && rans::enc_entry_renorm(x, e.x);
     const uint32_t ballot = group_ballot(need);
     const uint32_t pos = words + popc32(ballot & lt);
-    if (need && pos < cap) wbuf[pos] = static_cast<uint16_t>(x);
+    if constexpr (decltype(spilling)::value) {
+      if (need && pos < cap) wbuf[pos] = static_cast<uint16_t>(x);
+      if (need && pos >= cap) spill[pos - cap] = static_cast<uint16_t>(x);
+    } else {
+      if (need) wbuf[pos] = static_cast<uint16_t>(x);
+    }
     x = need ? x >> 16 : x;
     words += popc32(ballot);
-    const uint32_t y = rans::enc_put_magic(x, f, (e.x >> 13) & 0xfff, rans::DivMagic{e.y, e.x >> 25});
+    const uint32_t y = rans::enc_entry_put(x, e.x, e.y);
     x = valid ? y : x;
   };
+  auto staged = [&](uint32_t, uint32_t sym, bool valid) { step(sym, valid, Flag<false>{}); };
+  auto spilled = [&](uint32_t, uint32_t sym, bool valid) { step(sym, valid, Flag<true>{}); };
   auto row_done = [&] { return *stored = prefix + 2 * words >= limit; };
-  if (full_block<D>(p.h, first, n)) for_each_step<D, Aligned, true, true>(p, first, n, step, row_done);
-  else for_each_step<D, Aligned, false, true>(p, first, n, step, row_done);
+  auto row_fits = [&] { return row_done() || words + fmt::kRowSymbols > cap; };
+  if (full_block<D>(p.h, first, n)) {
+    const uint32_t row = for_each_step<D, Aligned, true, true>(p, first, n, 0, staged, row_fits);
+    if (!*stored && row < n) for_each_step<D, Aligned, true, true>(p, first, n, row, spilled, row_done);
+  } else {
+    const uint32_t row = for_each_step<D, Aligned, false, true>(p, first, n, 0, staged, row_fits);
+    if (!*stored && row < n) for_each_step<D, Aligned, false, true>(p, first, n, row, spilled, row_done);
+  }
   *x_out = x;
   *words_out = words;
 }
 
 // rANS body of a block: table and encode table, then the encode into the
-// staging buffer (words past it are counted, not written).
+// staging buffer and, past it, the spill slot.
 template <fmt::DType D, bool Aligned>
 PZ_DEVICE Segment encode_rans(const CompressParams& p, uint64_t first, uint32_t n, const uint32_t* counts, uint2* enc,
-                              uint16_t* freq, uint8_t* buf) {
+                              uint16_t* freq, uint8_t* buf, uint8_t* spill) {
   const int lane = group_lane();
   quantize_group(counts, n, freq);
   const int table_bytes = write_table_group(freq, buf + 1);
@@ -321,8 +346,8 @@ PZ_DEVICE Segment encode_rans(const CompressParams& p, uint64_t first, uint32_t 
   for (int k = 0; k < 8; ++k) f8[k] = freq[8 * lane + k], local += f8[k];
   uint32_t cum = group_exclusive_scan(local);
   for (int k = 0; k < 8; ++k) {
-    const rans::DivMagic d = rans::div_magic(f8[k]);
-    enc[8 * lane + k] = make_uint2(f8[k] | (cum << 13) | (d.shift << 25), d.magic);
+    const rans::EncEntry e = rans::enc_entry(f8[k], cum, rans::div_magic(f8[k]));
+    enc[8 * lane + k] = make_uint2(e.w, e.magic);
     cum += f8[k];
   }
   group_sync();
@@ -330,11 +355,14 @@ PZ_DEVICE Segment encode_rans(const CompressParams& p, uint64_t first, uint32_t 
   const uint32_t prefix = rans::rans_prefix_bytes(table_bytes);
   const uint32_t limit = 1u + n;
   if (prefix >= limit) return {0, kStoredLate, 0};
-  const uint32_t room = kStagingBytes > prefix ? (kStagingBytes - prefix) / 2 : 0;
+  static_assert(fmt::align_up(1 + kMaxTableBytes, 4) + 4 + 4 * fmt::kLanes + 2 * fmt::kRowSymbols <= kStagingBytes &&
+                    kStagingBytes % 4 == 0,
+                "the prefix and a row's words are staged, and the staged words fill the buffer exactly");
+  const uint32_t room = (kStagingBytes - prefix) / 2;  // the prefix is a multiple of 4
   uint32_t x, words;
   bool stored = false;
-  rans_loop<D, Aligned>(p, first, n, enc, reinterpret_cast<uint16_t*>(buf + prefix), room, prefix, limit, &x, &words,
-                        &stored);
+  rans_loop<D, Aligned>(p, first, n, enc, reinterpret_cast<uint16_t*>(buf + prefix), room,
+                        reinterpret_cast<uint16_t*>(spill), prefix, limit, &x, &words, &stored);
   if (stored) return {0, kStoredLate, 0};
   const uint32_t wpos = static_cast<uint32_t>(fmt::align_up(1 + table_bytes, 4));
   if (lane == 0) {
@@ -365,8 +393,8 @@ PZ_DEVICE PZ_FORCE_INLINE void fixed_loop(const CompressParams& p, uint64_t firs
     e += popc32(eb);
   };
   auto never = [] { return false; };
-  if (full_block<D>(p.h, first, n)) for_each_step<D, Aligned, true, false>(p, first, n, step, never);
-  else for_each_step<D, Aligned, false, false>(p, first, n, step, never);
+  if (full_block<D>(p.h, first, n)) for_each_step<D, Aligned, true, false>(p, first, n, 0, step, never);
+  else for_each_step<D, Aligned, false, false>(p, first, n, 0, step, never);
 }
 
 // Fixed-code body of a block (block.h: fixed_table; docs/FORMAT.md): the
@@ -413,7 +441,8 @@ PZ_DEVICE Segment encode_fixed(const CompressParams& p, uint64_t first, uint32_t
 // Encodes block b into the group's staging buffer (split, histogram, table,
 // coded body) and writes its raw planes. Returns where its segment is.
 template <fmt::DType D, bool Aligned, fmt::Codec C>
-PZ_DEVICE Segment encode_block(const CompressParams& p, const fmt::Layout& l, uint64_t b, CompressSmem& s) {
+PZ_DEVICE Segment encode_block(const CompressParams& p, const fmt::Layout& l, uint64_t b, CompressSmem& s,
+                               uint8_t* spill) {
   using T = FloatTraits<D>;
   constexpr bool plane16 = fmt::has_plane16(D);
   const fmt::Header& h = p.h;
@@ -498,7 +527,7 @@ PZ_DEVICE Segment encode_block(const CompressParams& p, const fmt::Layout& l, ui
   group_sync();
   Segment seg;
   if constexpr (C == fmt::Codec::Fixed) seg = encode_fixed<D, Aligned>(p, first, n, counts, reinterpret_cast<uint8_t*>(freq), buf);
-  else seg = encode_rans<D, Aligned>(p, first, n, counts, enc, freq, buf);
+  else seg = encode_rans<D, Aligned>(p, first, n, counts, enc, freq, buf, spill);
   group_sync();
   if (seg.kind == kStaged)  // zero padding, copied out with the segment
     for (uint32_t i = seg.used + lane; i < fmt::align_up(seg.used, fmt::kAlign); i += fmt::kLanes) buf[i] = 0;
@@ -506,23 +535,32 @@ PZ_DEVICE Segment encode_block(const CompressParams& p, const fmt::Layout& l, ui
   return seg;
 }
 
-// Writes block b's segment at dst (16-byte aligned): from the staging buffer,
-// or split again (stored), or the staged prefix plus a second encode of the
-// body (overflow). Zero padding to `padded`.
+// Writes block b's segment at dst (16-byte aligned): from the staging buffer
+// (and the spill slot), or split again (stored), or the staged prefix plus an
+// encode of the fixed-code body. Zero padding to `padded`.
 template <fmt::DType D, bool Aligned, fmt::Codec C>
 PZ_DEVICE void write_segment(const CompressParams& p, const fmt::Layout& l, uint64_t b, const CompressSmem& s, Segment seg,
-                             uint64_t padded, uint8_t* dst) {
+                             uint64_t padded, uint8_t* dst, const uint8_t* spill) {
   using T = FloatTraits<D>;
   const int lane = group_lane();
-  const uint2* enc = reinterpret_cast<const uint2*>(s.enc);
   const uint8_t* code = s.code;
   const uint8_t* buf = s.staging;
   const uint64_t first = b << p.h.block_log2;
   const uint32_t n = fmt::block_symbols(p.h, l, b);
   uint32_t used = seg.used;
-  if (seg.kind == kStaged) {
-    for (uint64_t i = lane; i < padded / 16; i += fmt::kLanes)
+  if (seg.kind == kStaged || (C == fmt::Codec::Rans && seg.kind == kOverflow)) {
+    const uint32_t staged = seg.kind == kStaged ? static_cast<uint32_t>(padded) : kStagingBytes;
+    for (uint32_t i = lane; i < staged / 16; i += fmt::kLanes)
       reinterpret_cast<uint4*>(dst)[i] = reinterpret_cast<const uint4*>(buf)[i];
+    // The spilled words, their last vector's bytes past `used` zeroed.
+    const uint32_t spilled = static_cast<uint32_t>(padded) - staged;
+    for (uint32_t i = lane; i < spilled / 16; i += fmt::kLanes) {
+      uint4 v = reinterpret_cast<const uint4*>(spill)[i];
+      const int32_t left = static_cast<int32_t>(used - staged - 16 * i);  // >= 1
+      auto keep = [](uint32_t w, int32_t bytes) { return bytes >= 4 ? w : bytes <= 0 ? 0u : w & ((1u << (8 * bytes)) - 1); };
+      v = make_uint4(keep(v.x, left), keep(v.y, left - 4), keep(v.z, left - 8), keep(v.w, left - 12));
+      reinterpret_cast<uint4*>(dst + staged)[i] = v;
+    }
     return;
   }
   if (seg.kind == kStoredLate) {
@@ -533,23 +571,13 @@ PZ_DEVICE void write_segment(const CompressParams& p, const fmt::Layout& l, uint
     for (uint32_t i = lane; i < fmt::kFixedPrefixBytes; i += fmt::kLanes) dst[i] = buf[i];
     fixed_loop<D, Aligned>(p, first, n, code, reinterpret_cast<uint32_t*>(dst + fmt::kFixedPrefixBytes),
                            dst + fmt::kFixedPrefixBytes + fmt::fixed_planes_bytes(n));
-  } else {
-    // The prefix (a multiple of 4 bytes) is staged; the same loop, fed the
-    // same symbols, writes the same words, now all of them, into place.
-    for (uint32_t i = lane; i < seg.prefix / 4; i += fmt::kLanes)
-      reinterpret_cast<uint32_t*>(dst)[i] = reinterpret_cast<const uint32_t*>(buf)[i];
-    const uint32_t words = (used - seg.prefix) / 2;
-    uint32_t x, w;
-    bool stored = false;
-    rans_loop<D, Aligned>(p, first, n, enc, reinterpret_cast<uint16_t*>(dst + seg.prefix), words, seg.prefix, 1u + n,
-                          &x, &w, &stored);
   }
   for (uint64_t i = used + lane; i < padded; i += fmt::kLanes) dst[i] = 0;
 }
 
 // One ticket of one tensor: encode its blocks, look back, write the segments.
 template <fmt::DType D, bool Aligned, fmt::Codec C>
-PZ_DEVICE PZ_FORCE_INLINE void compress_ticket(const CompressParams& p, uint64_t ticket, uint8_t* smem,
+PZ_DEVICE PZ_FORCE_INLINE void compress_ticket(const CompressParams& p, uint64_t ticket, uint8_t* smem, uint8_t* spill,
                                                uint64_t* cta_size, uint64_t* cta_excl) {
   constexpr bool plane16 = fmt::has_plane16(D);
   const fmt::Header& h = p.h;
@@ -560,7 +588,7 @@ PZ_DEVICE PZ_FORCE_INLINE void compress_ticket(const CompressParams& p, uint64_t
     const uint64_t b = ticket * kGroupsPerCta + group;
     const bool active = b < l.nblocks;
     Segment seg{0, kStaged, 0};
-    if (active) seg = encode_block<D, Aligned, C>(p, l, b, s);
+    if (active) seg = encode_block<D, Aligned, C>(p, l, b, s, spill);
     const uint64_t padded = !active ? 0
                             : seg.kind == kStoredLate ? fmt::max_segment_bytes(fmt::block_symbols(h, l, b))
                                                       : fmt::align_up(seg.used, fmt::kAlign);
@@ -576,7 +604,7 @@ PZ_DEVICE PZ_FORCE_INLINE void compress_ticket(const CompressParams& p, uint64_t
     if (active) {
       uint64_t excl = *cta_excl;
       for (int g = 0; g < group; ++g) excl += cta_size[g];
-      write_segment<D, Aligned, C>(p, l, b, s, seg, padded, p.out + l.coded_begin + excl);
+      write_segment<D, Aligned, C>(p, l, b, s, seg, padded, p.out + l.coded_begin + excl, spill);
       if (lane == 0) *reinterpret_cast<uint64_t*>(p.out + l.offsets_begin + 8 * b) = excl + padded;
       if (b == 0) {
         // Header (minus the total, which the last block owns) and the zero gaps.
@@ -614,6 +642,9 @@ PZ_DEVICE PZ_FORCE_INLINE void compress_kernel(CompressLaunch launch) {
   __shared__ uint64_t cta_ticket;
   __shared__ uint64_t cta_size[kGroupsPerCta];
   __shared__ uint64_t cta_excl;
+  // This group's spill slot (rANS): the grid is at most kSpillCtas CTAs.
+  uint8_t* spill = C != fmt::Codec::Rans ? nullptr
+                  : launch.spill + (static_cast<uint64_t>(blockIdx.x) * kGroupsPerCta + threadIdx.x / fmt::kLanes) * kSpillBytes;
   if constexpr (!Batched) {
     const uint64_t tickets = (fmt::layout_of(launch.one.h).nblocks + kGroupsPerCta - 1) / kGroupsPerCta;
     for (;;) {
@@ -621,7 +652,7 @@ PZ_DEVICE PZ_FORCE_INLINE void compress_kernel(CompressLaunch launch) {
       __syncthreads();
       const uint64_t ticket = cta_ticket;
       if (ticket >= tickets) return;  // CTA-uniform
-      compress_ticket<D, Aligned, C>(launch.one, ticket, smem, cta_size, &cta_excl);
+      compress_ticket<D, Aligned, C>(launch.one, ticket, smem, spill, cta_size, &cta_excl);
       __syncthreads();  // cta_ticket, cta_size and the staging buffers are reused
     }
   } else {
@@ -647,7 +678,7 @@ PZ_DEVICE PZ_FORCE_INLINE void compress_kernel(CompressLaunch launch) {
         current = lo;
         __syncthreads();
       }
-      compress_ticket<D, Aligned, C>(job, ticket, smem, cta_size, &cta_excl);
+      compress_ticket<D, Aligned, C>(job, ticket, smem, spill, cta_size, &cta_excl);
       __syncthreads();  // cta_ticket, cta_size, job and the staging buffers are reused
     }
   }

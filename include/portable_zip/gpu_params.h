@@ -30,6 +30,7 @@ struct CompressLaunch {
   const uint64_t* ticket_end;
   uint32_t njobs;
   uint32_t* ticket;   // zeroed; hands out CTA tickets in launch order
+  uint8_t* spill;     // rANS: kSpillBytes per group of each CTA of the grid (grid <= kSpillCtas)
 };
 static_assert(sizeof(CompressParams) % 8 == 0, "staged into shared memory in 4-byte words");
 
@@ -101,11 +102,12 @@ struct RawParams {
 // Shared memory per group for compress, laid out once here. The encode table
 // (whose first 1 KB holds the merged counts until the table is built),
 // frequency scratch (the fixed code's symbol -> code map), then an 8 KB
-// staging buffer for the block's segment. A segment that does not fit (stored
-// blocks, and coded ones over 8 KB: rare for data that compresses) is written
-// straight to its final place after the look-back instead: stored symbols are
-// split again from the input, an oversized coded body is encoded a second
-// time. A small buffer buys occupancy: 20 warps per SM instead of 10.
+// staging buffer for the block's segment. A rANS segment past 8 KB (fp16 and
+// e4m3 blocks are ~10 KB) spills its later words to the group's slot of a
+// global buffer (kSpillBytes per group, L2-resident), copied out after the
+// look-back. Stored blocks are split again from the input at copy-out; a
+// fixed-code body that does not fit is encoded straight into place. A small
+// buffer buys occupancy: 20 warps per SM instead of 10.
 //
 // Pass 1 counts into 16 histograms of 16-bit pairs laid out [word][lane & 15]:
 // a lane shares its histogram only with lane ^ 16, and lanes hitting one bank
@@ -116,9 +118,14 @@ constexpr uint64_t kHistBytes = 128 * kHistReplicas * 4;
 constexpr uint64_t kMaxTableBytes = 1 + 32 + 2 * 256;
 constexpr uint32_t kStagingBytes = 8192;
 static_assert(kHistBytes <= kStagingBytes, "histograms alias the staging buffer");
+// A segment past 1 + 2^14 bytes is stored, found at the end of a row: its
+// words can pass that limit by one row's worth (kRowSymbols) before the test.
+constexpr uint32_t kSpillBytes =
+    (((1u << fmt::kEncoderMaxBlockLog2) + 1 - kStagingBytes + 2 * fmt::kRowSymbols + 2) + 15) & ~15u;
+constexpr uint32_t kSpillCtas = 4096;  // the compress grid's cap, so spill slots are bounded
 struct alignas(16) CompressSmem {
   union {
-    uint32_t enc[256][2];  // rANS encode table: freq | cum << 13 | shift << 25, then the divide magic
+    uint32_t enc[256][2];  // rANS encode table: rans::enc_entry
     uint32_t counts[256];  // the block's merged histogram, until enc is built
   };
   union {
