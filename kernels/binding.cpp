@@ -1,6 +1,7 @@
 // The one Python binding file: thin wrappers over launch.h. Pointers arrive as
 // integers from torch tensors the Python layer has already validated.
 #include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
 #include <nanobind/stl/map.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
@@ -149,6 +150,28 @@ NB_MODULE(_C, m) {
     return cpu_compress(ptr<const uint8_t>(in), h, ptr<uint8_t>(out), threads);
   }, nb::arg("in"), nb::arg("dtype"), nb::arg("numel"), nb::arg("shape"), nb::arg("out"), nb::arg("threads"),
      nb::arg("codec") = 1);
+
+  // The trimmed stream as a torch tensor that owns its mapping (no copy).
+  m.def("compress_cpu_exact", [](uintptr_t in, int dtype, uint64_t numel, const std::vector<int64_t>& shape, int threads,
+                                 int codec) {
+    const fmt::Header h = plan(dtype, numel, shape, codec);
+    uint64_t total = 0, mapped = 0;
+    uint8_t* p;
+    {
+      nb::gil_scoped_release release;
+      p = cpu_compress_mapped(ptr<const uint8_t>(in), h, threads, &total, &mapped);
+    }
+    if (!p) throw std::runtime_error(last_error_message());
+    struct Mapping {
+      uint8_t* p;
+      uint64_t n;
+    };
+    nb::capsule owner(new Mapping{p, mapped}, [](void* m) noexcept {
+      cpu_release_mapped(static_cast<Mapping*>(m)->p, static_cast<Mapping*>(m)->n);
+      delete static_cast<Mapping*>(m);
+    });
+    return nb::ndarray<nb::pytorch, uint8_t, nb::ndim<1>, nb::c_contig>(p, {static_cast<size_t>(total)}, owner);
+  }, nb::arg("in"), nb::arg("dtype"), nb::arg("numel"), nb::arg("shape"), nb::arg("threads"), nb::arg("codec") = 1);
 
   m.def("decompress_cpu", [](nb::bytes head, uintptr_t in, uint64_t in_len, uintptr_t out, int threads) {
     const fmt::Header h = parse(head, in_len);

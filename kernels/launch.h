@@ -19,6 +19,11 @@ uint32_t cpu_decompress(const uint8_t* in, const fmt::Header& h, uint8_t* out, i
 // Asks the kernel to back a fresh buffer with transparent huge pages (Linux,
 // where THP is "madvise"): first touches then fault 2 MiB at a time.
 void cpu_advise_huge_pages(void* p, uint64_t n);
+// cpu_compress into a buffer it allocates, holding exactly the stream's pages
+// (*total bytes of stream in *mapped bytes); null on failure. Free with
+// cpu_release_mapped(p, *mapped).
+uint8_t* cpu_compress_mapped(const uint8_t* in, const fmt::Header& h, int threads, uint64_t* total, uint64_t* mapped);
+void cpu_release_mapped(uint8_t* p, uint64_t mapped);
 
 // GPU (whichever vendor runtime device_api.h loaded; device < 0 means the
 // calling thread's current device). Workspace is device memory the launcher

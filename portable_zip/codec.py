@@ -145,13 +145,24 @@ def _fresh(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     return t
 
 
+def _planned(t: torch.Tensor) -> tuple:
+    _check_tensor(t, "input")
+    t = _resolved(t)
+    return (t, *_plan(t))
+
+
+def _compress_exact_cpu(t: torch.Tensor, threads: Optional[int], codec: int) -> torch.Tensor:
+    """The trimmed stream of a CPU tensor with no trim copy: the buffer is a
+    mapping whose pages past the stream are returned once its size is known."""
+    t, code, numel, shape = _planned(t)
+    return _C.compress_cpu_exact(t.data_ptr(), code, numel, shape, _threads(threads), codec)
+
+
 def _compress_padded(t: torch.Tensor, threads: Optional[int] = None, max_sms: int = 0, codec: int = 1,
                      zero_pad: bool = False) -> torch.Tensor:
     """Compress into a buffer of max_compressed_size bytes; the header holds the true size.
     zero_pad: the bytes past the stream are zeros (a deterministic buffer, as the torch op promises)."""
-    _check_tensor(t, "input")
-    t = _resolved(t)
-    code, numel, shape = _plan(t)
+    t, code, numel, shape = _planned(t)
     cap = _C.max_compressed_size(code, numel, shape)
     if t.device.type == "cpu":
         out = _fresh(cap, torch.uint8, t.device)
@@ -195,9 +206,10 @@ def compress(t: torch.Tensor, *, trim: Optional[bool] = None, threads: Optional[
     escape): a larger stream, simpler and faster to code (bench/NOTES.md says where
     it wins); decompress reads the codec from the header.
     """
-    buf = _compress_padded(t, threads, _max_sms(max_sms), _codec_code(codec))
-    if trim is None:
-        trim = buf.device.type == "cpu"
+    sms, code = _max_sms(max_sms), _codec_code(codec)
+    if trim is not False and isinstance(t, torch.Tensor) and t.device.type == "cpu":
+        return _compress_exact_cpu(t, threads, code)
+    buf = _compress_padded(t, threads, sms, code)
     return _trim(buf) if trim else buf
 
 

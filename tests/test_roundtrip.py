@@ -1,4 +1,6 @@
 """Bit-exact round trips on the CPU path, exhaustive where the space is small."""
+import io
+
 import numpy as np
 import pytest
 import torch
@@ -159,6 +161,41 @@ def test_decode_truncated_to_reported_size(coded_dtype):
     assert same_bits(pz.decompress(padded), t)
     with pytest.raises(pz.FormatError, match="truncated"):
         pz.decompress(padded[: size - 1].clone())
+
+
+def test_trimmed_cpu_stream_owns_exact_pages():
+    """A trimmed CPU stream is its own mapping, cut to the stream's pages
+    (no trim copy): same bytes as trim(padded), an ordinary writable tensor
+    that survives torch.save and share_memory_, and its pages are returned
+    when it dies (the process's mapping count does not grow)."""
+    rng = fresh_rng()
+    t = weights(rng, (3 << 20) + 7, torch.bfloat16)  # ~6 MiB: huge pages asked for
+    buf = pz.compress(t, threads=2)
+    assert buf.dtype == torch.uint8 and buf.dim() == 1 and buf.is_contiguous()
+    assert buf.numel() == pz.compressed_size(buf)
+    assert torch.equal(buf, pz.trim(pz.compress(t, trim=False)))
+    saved = io.BytesIO()
+    torch.save(buf, saved)
+    saved.seek(0)
+    assert torch.equal(torch.load(saved), buf)
+    buf.share_memory_()
+    assert same_bits(pz.decompress(buf), t)
+    buf[buf.numel() // 2] ^= 1  # writable: a raw byte flipped, which the block checksum catches
+    with pytest.raises(pz.FormatError):
+        pz.decompress(buf)
+
+    def mappings():
+        with open("/proc/self/maps") as f:
+            return sum(1 for _ in f)
+
+    small = weights(rng, 100_000, torch.bfloat16)
+    for x in (t, small):
+        pz.compress(x)  # warm up allocator and caches
+        before = mappings()
+        for _ in range(50):
+            del buf
+            buf = pz.compress(x)
+        assert mappings() <= before + 2
 
 
 def test_determinism_across_runs_and_threads(coded_dtype):
