@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "gpu_group.h"
+#include "swar.h"
 
 namespace pz::gpu {
 
@@ -144,62 +145,20 @@ PZ_DEVICE PZ_FORCE_INLINE RawChunk<D> load_raw(const uint8_t* in, uint64_t sym_i
   return r;
 }
 
-// The split of a loaded chunk (FloatTraits::split, for every coded dtype):
-// a symbol and a raw byte sit at fixed bit positions of each element, so
-// shifts and byte permutes gather four at a time (bf16: 2 instructions per
-// symbol instead of ~15 for the byte-wise split).
+// The split of a loaded chunk (FloatTraits::split, for every coded dtype),
+// a word at a time: swar.h.
 template <fmt::DType D>
 PZ_DEVICE PZ_FORCE_INLINE Chunk<D> split_chunk(const RawChunk<D>& r) {
-  Chunk<D> c{};
-  if constexpr (D == fmt::DType::BFloat16) {
-    // Per 16-bit element: symbol = bits 7..14, raw byte = bit 15 over bits
-    // 0..6. sign_low puts the raw byte in the low byte of each half (the
-    // high bytes are dropped by the permute).
-    const uint4 v = r.v[0];
-    auto sign_low = [](uint32_t w) { return (w & 0x007f007fu) | ((w >> 8) & ~0x007f007fu); };
-    c.sym[0] = byte_perm(v.x >> 7, v.y >> 7, 0x6420);
-    c.sym[1] = byte_perm(v.z >> 7, v.w >> 7, 0x6420);
-    c.raw8[0] = byte_perm(sign_low(v.x), sign_low(v.y), 0x6420);
-    c.raw8[1] = byte_perm(sign_low(v.z), sign_low(v.w), 0x6420);
-  } else if constexpr (D == fmt::DType::Float16) {
-    const uint4 v = r.v[0];  // symbol = high byte, raw = low byte
-    c.sym[0] = byte_perm(v.x, v.y, 0x7531);
-    c.sym[1] = byte_perm(v.z, v.w, 0x7531);
-    c.raw8[0] = byte_perm(v.x, v.y, 0x6420);
-    c.raw8[1] = byte_perm(v.z, v.w, 0x6420);
-  } else if constexpr (D == fmt::DType::Float32) {
-    // Per word: symbol = bits 23..30 (byte 3 of w << 1), raw byte = bit 31
-    // over bits 16..22 (byte 2 of sign_mid), raw16 = the low half.
-    const uint32_t w[8] = {r.v[0].x, r.v[0].y, r.v[0].z, r.v[0].w, r.v[1].x, r.v[1].y, r.v[1].z, r.v[1].w};
-    auto sign_mid = [](uint32_t x) { return (x & 0x007f0000u) | ((x >> 8) & ~0x007f0000u); };
+  uint32_t w[2 * kSymBytes<D>];
 #pragma unroll
-    for (int q = 0; q < 2; ++q) {
-      const uint32_t* x = w + 4 * q;
-      c.sym[q] = byte_perm(byte_perm(x[0] << 1, x[1] << 1, 0x0073), byte_perm(x[2] << 1, x[3] << 1, 0x0073), 0x5410);
-      c.raw8[q] = byte_perm(byte_perm(sign_mid(x[0]), sign_mid(x[1]), 0x0062), byte_perm(sign_mid(x[2]), sign_mid(x[3]), 0x0062),
-                            0x5410);
-      c.raw16[2 * q] = byte_perm(x[0], x[1], 0x5410);
-      c.raw16[2 * q + 1] = byte_perm(x[2], x[3], 0x5410);
-    }
-  } else {
-    static_assert(D == fmt::DType::Float8E4M3FN || D == fmt::DType::Float8E5M2, "fp8 pairs");
-    // A symbol is a pair of elements: per byte, code = bits 3..6 and nibble
-    // = bit 7 over bits 0..2 (Fp8PairTraits); x | x >> 4 joins the pair in
-    // the low byte of each 16-bit half.
-    const uint32_t w[4] = {r.v[0].x, r.v[0].y, r.v[0].z, r.v[0].w};
-    auto codes = [](uint32_t x) {
-      const uint32_t c = (x >> 3) & 0x0f0f0f0fu;
-      return c | c >> 4;
-    };
-    auto nibs = [](uint32_t x) {
-      const uint32_t n = ((x >> 4) & 0x08080808u) | (x & 0x07070707u);
-      return n | n >> 4;
-    };
-    c.sym[0] = byte_perm(codes(w[0]), codes(w[1]), 0x6420);
-    c.sym[1] = byte_perm(codes(w[2]), codes(w[3]), 0x6420);
-    c.raw8[0] = byte_perm(nibs(w[0]), nibs(w[1]), 0x6420);
-    c.raw8[1] = byte_perm(nibs(w[2]), nibs(w[3]), 0x6420);
+  for (int k = 0; k < kSymBytes<D> / 2; ++k) {
+    w[4 * k] = r.v[k].x;
+    w[4 * k + 1] = r.v[k].y;
+    w[4 * k + 2] = r.v[k].z;
+    w[4 * k + 3] = r.v[k].w;
   }
+  Chunk<D> c{};
+  split_words<D>(w, c.sym, c.raw8, c.raw16);
   return c;
 }
 

@@ -8,6 +8,7 @@
 
 #include "gpu_group.h"
 #include "gpu_raw.h"
+#include "swar.h"
 
 namespace pz::gpu {
 
@@ -52,43 +53,10 @@ PZ_DEVICE PZ_FORCE_INLINE uint32_t store_element(uint8_t* out, uint64_t i, uint6
 }
 
 // A v3 row's output words from a lane's 8 symbols and raw bits (the inverse
-// of split_chunk, same bit positions). bf16: raw byte r = sign << 7 | m, so
-// the element is r + (r & 0x80) * 255 + (sym << 7), two elements a word with
-// no carry between them; fp32: the raw bytes permuted over raw16, the sign
-// kept and the symbol ORed in. Other dtypes go through element_unit.
+// of split_chunk): swar.h.
 template <fmt::DType D>
 PZ_DEVICE PZ_FORCE_INLINE void join_row(const uint32_t* sym, uint2 r8, const uint32_t* r16, uint32_t* w) {
-  if constexpr (D == fmt::DType::BFloat16) {
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const uint32_t t = byte_perm(j < 2 ? r8.x : r8.y, 0u, (j & 1) ? 0x4342 : 0x4140);  // raw bytes 2j, 2j+1 -> halves
-      w[j] = t + (t & 0x00800080u) * 255u + (sym[2 * j] | sym[2 * j + 1] << 16) * 128u;
-    }
-  } else if constexpr (D == fmt::DType::Float16) {
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-      w[j] = byte_perm(j < 2 ? r8.x : r8.y, sym[2 * j] | sym[2 * j + 1] << 8, (j & 1) ? 0x5342 : 0x5140);
-  } else if constexpr (D == fmt::DType::Float32) {
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      // bytes: raw16 (half k & 1 of its word), then the raw byte twice
-      const uint32_t lo = 2 * (k & 1), rb = 4 + (k & 3);
-      const uint32_t t = byte_perm(r16[k >> 1], k < 4 ? r8.x : r8.y, lo | (lo + 1) << 4 | rb << 8 | rb << 12);
-      w[k] = (t & 0x807fffffu) | sym[k] << 23;
-    }
-  } else {
-    static_assert(D == fmt::DType::Float8E4M3FN || D == fmt::DType::Float8E5M2, "fp8 pairs");
-    // Each symbol's two codes and each raw byte's two nibbles spread to the
-    // bytes of their elements, then every byte is nibble bit 3 << 4 | code
-    // << 3 | nibble bits 0..2 (Fp8PairTraits::unsplit), four at a time.
-    auto spread = [](uint32_t v) { return (v & 0x000f000fu) | (v & 0x00f000f0u) << 4; };
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const uint32_t cb = spread(sym[2 * j] | sym[2 * j + 1] << 16);
-      const uint32_t nb = spread(byte_perm(j < 2 ? r8.x : r8.y, 0u, (j & 1) ? 0x4342 : 0x4140));
-      w[j] = (nb & 0x08080808u) << 4 | cb << 3 | (nb & 0x07070707u);
-    }
-  }
+  join_words<D>(sym, r8.x, r8.y, r16, w);
 }
 
 // Symbol i's share of its block checksum, for symbols laid out one per lane
