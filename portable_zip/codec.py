@@ -133,6 +133,11 @@ def _codec_code(codec: str) -> int:
 
 
 _HUGE_MIN = 4 << 20  # bytes: a fresh CPU buffer this large asks for huge pages
+# Bytes of a CPU input past which compress maps its output (no trim copy).
+# Smaller buffers come from glibc's heap, reused without page faults (its
+# mmap threshold rises to at most 32 MiB), where the copy costs less than
+# faulting in a fresh mapping (bench/NOTES.md, s18).
+_MAPPED_MIN = 32 << 20
 
 
 def _fresh(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -207,9 +212,12 @@ def compress(t: torch.Tensor, *, trim: Optional[bool] = None, threads: Optional[
     it wins); decompress reads the codec from the header.
     """
     sms, code = _max_sms(max_sms), _codec_code(codec)
-    if trim is not False and isinstance(t, torch.Tensor) and t.device.type == "cpu":
+    if (trim is not False and isinstance(t, torch.Tensor) and t.device.type == "cpu"
+            and t.numel() * t.element_size() > _MAPPED_MIN):
         return _compress_exact_cpu(t, threads, code)
     buf = _compress_padded(t, threads, sms, code)
+    if trim is None:
+        trim = buf.device.type == "cpu"
     return _trim(buf) if trim else buf
 
 
