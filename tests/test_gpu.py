@@ -50,6 +50,24 @@ def test_gpu_sizes_past_staging(dtype):
     gpu_roundtrip(t)
 
 
+def test_gpu_sizes_past_staging_every_path():
+    """The spill through each compress path: a partial last block that
+    spills, an unaligned view (the unaligned kernel), a batch (the batched
+    kernel) and one SM (every CTA reuses its slot for many blocks). Each
+    against the CPU's bytes."""
+    rng = fresh_rng()
+    t = torch.from_numpy(rng.standard_normal((1 << 23) + 14_000).astype(np.float32)).to(torch.float16)
+    gpu_roundtrip(t)  # the last block: 14,000 symbols, ~9.8 KB
+    gpu_roundtrip(t[1:])
+    u = torch.from_numpy(rng.standard_normal(1 << 23).astype(np.float32)).to(torch.float16)
+    ts = [t, u]
+    for got, x in zip(pz.compress_batch([x.to(DEV) for x in ts]), ts):
+        assert torch.equal(pz.trim(got).cpu(), pz.compress(x))
+    one = pz.trim(pz.compress(u.to(DEV), max_sms=1)).cpu()
+    assert torch.equal(one, pz.compress(u))
+    assert same_bits(pz.decompress(one.to(DEV)).cpu(), u)
+
+
 @pytest.mark.parametrize("numel", [1, 33, 4097, 65537, (1 << 22) + 3])
 def test_gpu_fixed_codec(coded_dtype, numel):
     rng = fresh_rng()

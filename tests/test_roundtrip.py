@@ -1,5 +1,6 @@
 """Bit-exact round trips on the CPU path, exhaustive where the space is small."""
 import io
+import os
 
 import numpy as np
 import pytest
@@ -172,6 +173,11 @@ def test_trimmed_cpu_stream_owns_exact_pages():
     t = weights(rng, (17 << 20) + 7, torch.bfloat16)  # 34 MiB: past codec._MAPPED_MIN
     assert t.nbytes > pz.codec._MAPPED_MIN
     buf = pz.compress(t, threads=2)
+    page = os.sysconf("SC_PAGE_SIZE")
+    with open("/proc/self/maps") as f:  # the mapping holding buf ends at its last page
+        spans = [[int(v, 16) for v in line.split()[0].split("-")] for line in f]
+    start, end = next(s for s in spans if s[0] <= buf.data_ptr() < s[1])
+    assert end == -(-(buf.data_ptr() + buf.numel()) // page) * page, (hex(start), hex(end), buf.numel())
     assert buf.dtype == torch.uint8 and buf.dim() == 1 and buf.is_contiguous()
     assert buf.numel() == pz.compressed_size(buf)
     assert torch.equal(buf, pz.trim(pz.compress(t, trim=False)))
