@@ -174,11 +174,24 @@ PZ_DEVICE PZ_FORCE_INLINE uint32_t chunk_checksum(const RawChunk<D>& r, uint32_t
   return s;
 }
 
+template <bool B>
+struct Flag {
+  static constexpr bool value = B;
+};
+
+// Calls f(Flag<true>{}) for a full block (no bounds tests in its loops), else
+// f(Flag<false>{}).
+template <fmt::DType D, class F>
+PZ_DEVICE PZ_FORCE_INLINE void by_fullness(const fmt::Header& h, uint64_t first, uint32_t n, F&& f) {
+  if (full_block<D>(h, first, n)) f(Flag<true>{});
+  else f(Flag<false>{});
+}
+
 // Pass 2 driver: calls f(idx, sym, valid) for the block's symbols step by
 // step, 8 steps per 256-symbol row, from row_begin (a multiple of 256), and
 // row_done() after each row, stopping when it returns true (group-uniform).
-// Returns the symbol where it stopped (>= n when the block is done). A row is loaded as one 8-symbol chunk
-// per lane. Contig (format v3 rANS): lane L codes its own chunk, symbol
+// Returns the symbol where it stopped (>= n when the block is done). A row is
+// loaded as one 8-symbol chunk per lane. Contig (format v3 rANS): lane L codes its own chunk, symbol
 // row + 8L + k at step k, straight from its registers. Otherwise (v1/v2
 // layout, the fixed code) the chunks are redistributed with shuffles so lane
 // L gets symbol row + 32k + L. The next two rows' chunks are in flight while
@@ -240,14 +253,8 @@ PZ_DEVICE PZ_FORCE_INLINE uint32_t for_each_step(const CompressParams& p, uint64
 // encoded into the output.
 enum SegmentKind : uint32_t { kStaged = 0, kStoredLate = 1, kOverflow = 2 };
 struct Segment {
-  uint32_t used;    // bytes before padding
+  uint32_t used;  // bytes before padding
   uint32_t kind;
-  uint32_t prefix;  // rANS: bytes before the words
-};
-
-template <bool B>
-struct Flag {
-  static constexpr bool value = B;
 };
 
 // The rANS encode loop: words go to wbuf while below cap, then to spill (a
@@ -281,13 +288,11 @@ PZ_DEVICE PZ_FORCE_INLINE void rans_loop(const CompressParams& p, uint64_t first
   auto spilled = [&](uint32_t, uint32_t sym, bool valid) { step(sym, valid, Flag<true>{}); };
   auto row_done = [&] { return *stored = prefix + 2 * words >= limit; };
   auto row_fits = [&] { return row_done() || words + fmt::kRowSymbols > cap; };
-  if (full_block<D>(p.h, first, n)) {
-    const uint32_t row = for_each_step<D, Aligned, true, true>(p, first, n, 0, staged, row_fits);
-    if (!*stored && row < n) for_each_step<D, Aligned, true, true>(p, first, n, row, spilled, row_done);
-  } else {
-    const uint32_t row = for_each_step<D, Aligned, false, true>(p, first, n, 0, staged, row_fits);
-    if (!*stored && row < n) for_each_step<D, Aligned, false, true>(p, first, n, row, spilled, row_done);
-  }
+  by_fullness<D>(p.h, first, n, [&](auto full) {
+    constexpr bool Full = decltype(full)::value;
+    const uint32_t row = for_each_step<D, Aligned, Full, true>(p, first, n, 0, staged, row_fits);
+    if (!*stored && row < n) for_each_step<D, Aligned, Full, true>(p, first, n, row, spilled, row_done);
+  });
   *x_out = x;
   *words_out = words;
 }
@@ -313,7 +318,7 @@ PZ_DEVICE Segment encode_rans(const CompressParams& p, uint64_t first, uint32_t 
   // 32-bit bookkeeping: a segment is at most 1 + 2^14 bytes.
   const uint32_t prefix = rans::rans_prefix_bytes(table_bytes);
   const uint32_t limit = 1u + n;
-  if (prefix >= limit) return {0, kStoredLate, 0};
+  if (prefix >= limit) return {0, kStoredLate};
   static_assert(fmt::align_up(1 + kMaxTableBytes, 4) + 4 + 4 * fmt::kLanes + 2 * fmt::kRowSymbols <= kStagingBytes &&
                     kStagingBytes % 4 == 0,
                 "the prefix and a row's words are staged, and the staged words fill the buffer exactly");
@@ -322,7 +327,7 @@ PZ_DEVICE Segment encode_rans(const CompressParams& p, uint64_t first, uint32_t 
   bool stored = false;
   rans_loop<D, Aligned>(p, first, n, enc, reinterpret_cast<uint16_t*>(buf + prefix), room,
                         reinterpret_cast<uint16_t*>(spill), prefix, limit, &x, &words, &stored);
-  if (stored) return {0, kStoredLate, 0};
+  if (stored) return {0, kStoredLate};
   const uint32_t wpos = static_cast<uint32_t>(fmt::align_up(1 + table_bytes, 4));
   if (lane == 0) {
     buf[0] = fmt::kModeRans;
@@ -331,7 +336,7 @@ PZ_DEVICE Segment encode_rans(const CompressParams& p, uint64_t first, uint32_t 
   }
   reinterpret_cast<uint32_t*>(buf + wpos + 4)[lane] = x;
   const uint32_t used = prefix + 2 * words;  // < limit
-  return {used, used <= kStagingBytes ? kStaged : kOverflow, prefix};
+  return {used, used <= kStagingBytes ? kStaged : kOverflow};
 }
 
 // The fixed code's bit planes and escapes of one block, written to planes/esc.
@@ -352,8 +357,9 @@ PZ_DEVICE PZ_FORCE_INLINE void fixed_loop(const CompressParams& p, uint64_t firs
     e += popc32(eb);
   };
   auto never = [] { return false; };
-  if (full_block<D>(p.h, first, n)) for_each_step<D, Aligned, true, false>(p, first, n, 0, step, never);
-  else for_each_step<D, Aligned, false, false>(p, first, n, 0, step, never);
+  by_fullness<D>(p.h, first, n, [&](auto full) {
+    for_each_step<D, Aligned, decltype(full)::value, false>(p, first, n, 0, step, never);
+  });
 }
 
 // Fixed-code body of a block (block.h: fixed_table; docs/FORMAT.md): the
@@ -379,7 +385,7 @@ PZ_DEVICE Segment encode_fixed(const CompressParams& p, uint64_t first, uint32_t
   }
   const uint64_t escapes = n - top;
   const uint64_t size = fixed_segment_bytes(n, escapes);
-  if (size >= 1ull + n) return {0, kStoredLate, 0};
+  if (size >= 1ull + n) return {0, kStoredLate};
   for (int s = lane; s < 256; s += fmt::kLanes) code[s] = fmt::kFixedEscape;
   group_sync();
   if (lane < fmt::kFixedCodes) {
@@ -391,10 +397,10 @@ PZ_DEVICE Segment encode_fixed(const CompressParams& p, uint64_t first, uint32_t
     put_u32(buf + 8, static_cast<uint32_t>(escapes));
   }
   group_sync();
-  if (size > kStagingBytes) return {static_cast<uint32_t>(size), kOverflow, fmt::kFixedPrefixBytes};
+  if (size > kStagingBytes) return {static_cast<uint32_t>(size), kOverflow};
   fixed_loop<D, Aligned>(p, first, n, code, reinterpret_cast<uint32_t*>(buf + fmt::kFixedPrefixBytes),
                          buf + fmt::kFixedPrefixBytes + fmt::fixed_planes_bytes(n));
-  return {static_cast<uint32_t>(size), kStaged, fmt::kFixedPrefixBytes};
+  return {static_cast<uint32_t>(size), kStaged};
 }
 
 // Encodes block b into the group's staging buffer (split, histogram, table,
@@ -546,7 +552,7 @@ PZ_DEVICE PZ_FORCE_INLINE void compress_ticket(const CompressParams& p, uint64_t
   CompressSmem& s = reinterpret_cast<CompressSmem*>(smem)[group];
     const uint64_t b = ticket * kGroupsPerCta + group;
     const bool active = b < l.nblocks;
-    Segment seg{0, kStaged, 0};
+    Segment seg{0, kStaged};
     if (active) seg = encode_block<D, Aligned, C>(p, l, b, s, spill);
     const uint64_t padded = !active ? 0
                             : seg.kind == kStoredLate ? fmt::max_segment_bytes(fmt::block_symbols(h, l, b))
