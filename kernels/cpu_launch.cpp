@@ -36,12 +36,13 @@ uint32_t cpu_decompress(const uint8_t* in, const fmt::Header& h, uint8_t* out, i
   return cpu::decompress(in, h, out, resolve_threads(threads));
 }
 
+constexpr uint64_t kHugePage = uint64_t{2} << 20;
+
 void cpu_advise_huge_pages(void* p, uint64_t n) {
 #if defined(MADV_HUGEPAGE)
   // The 2 MiB pages wholly inside [p, p + n): a hint, so a failure changes nothing.
-  constexpr uintptr_t kHuge = uintptr_t{2} << 20;
-  const uintptr_t a = (reinterpret_cast<uintptr_t>(p) + kHuge - 1) & ~(kHuge - 1);
-  const uintptr_t z = (reinterpret_cast<uintptr_t>(p) + n) & ~(kHuge - 1);
+  const uintptr_t a = fmt::align_up(reinterpret_cast<uintptr_t>(p), kHugePage);
+  const uintptr_t z = (reinterpret_cast<uintptr_t>(p) + n) & ~(kHugePage - 1);
   if (z > a) madvise(reinterpret_cast<void*>(a), z - a, MADV_HUGEPAGE);
 #else
   (void)p, (void)n;
@@ -64,14 +65,13 @@ uint8_t* cpu_compress_mapped(const uint8_t* in, const fmt::Header& h, int thread
   };
 #if __has_include(<sys/mman.h>) && defined(MAP_ANONYMOUS)
   const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
-  constexpr uint64_t kHuge = uint64_t{2} << 20;
-  const uint64_t want = (cap + page - 1) / page * page, len = want + kHuge;
+  const uint64_t want = fmt::align_up(cap, page), len = want + kHugePage;
   void* m = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (m == MAP_FAILED) {
     set_last_error("compress: mapping the output buffer failed", std::to_string(len).c_str());
     return nullptr;
   }
-  const uintptr_t base = reinterpret_cast<uintptr_t>(m), a = (base + kHuge - 1) & ~(kHuge - 1);
+  const uintptr_t base = reinterpret_cast<uintptr_t>(m), a = fmt::align_up(base, kHugePage);
   if (a > base) munmap(m, a - base);
   if (base + len > a + want) munmap(reinterpret_cast<void*>(a + want), base + len - (a + want));
   uint8_t* out = reinterpret_cast<uint8_t*>(a);
@@ -79,8 +79,7 @@ uint8_t* cpu_compress_mapped(const uint8_t* in, const fmt::Header& h, int thread
   Release guard{out, want};
   *total = cpu_compress(in, h, out, threads);
   guard.p = nullptr;
-  const uint64_t keep = (*total + page - 1) / page * page;
-  *mapped = keep > 0 ? keep : page;  // a zero-length mapping cannot be kept
+  *mapped = fmt::align_up(*total > 0 ? *total : 1, page);  // a zero-length mapping cannot be kept
   if (*mapped < want) munmap(out + *mapped, want - *mapped);
   return out;
 #else

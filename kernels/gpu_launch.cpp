@@ -75,23 +75,32 @@ static uint64_t tickets_of(const fmt::Header& h) {
   return (fmt::layout_of(h).nblocks + gpu::kGroupsPerCta - 1) / gpu::kGroupsPerCta;
 }
 
+// At most one CTA per ticket, and never more than kSpillCtas.
+static uint64_t spill_ctas(uint64_t tickets) { return tickets < gpu::kSpillCtas ? tickets : gpu::kSpillCtas; }
+
 // Workspace: ticket counter (16 B), look-back status words of every tensor,
 // then, for a batch, its parameter table and ticket ends, then (rANS) the
 // spill slots of the grid's CTAs (gpu_params.h: kSpillBytes). The first two
 // are cleared on the stream; the table is copied in.
-static uint64_t spill_offset(uint64_t tickets, int n) {
-  return fmt::align_up(16 + (n > 1 ? fmt::align_up(8 * tickets, 16) + n * sizeof(gpu::CompressParams) + 8ull * n : 8 * tickets),
-                       16);
-}
+struct CompressWorkspace {
+  uint64_t table;  // a batch's parameter table, then its ticket ends
+  uint64_t spill;
+  uint64_t bytes;
+};
 
-// At most one CTA per ticket, and never more than kSpillCtas.
-static uint64_t spill_ctas(uint64_t tickets) { return tickets < gpu::kSpillCtas ? tickets : gpu::kSpillCtas; }
+static CompressWorkspace compress_workspace(uint64_t tickets, int n, bool rans) {
+  CompressWorkspace w;
+  w.table = fmt::align_up(16 + 8 * tickets, 16);
+  const uint64_t end = n > 1 ? w.table + n * sizeof(gpu::CompressParams) + 8ull * n : 16 + 8 * tickets;
+  w.spill = fmt::align_up(end, 16);
+  w.bytes = rans ? w.spill + spill_ctas(tickets) * gpu::kGroupsPerCta * gpu::kSpillBytes : end;
+  return w;
+}
 
 uint64_t gpu_compress_batch_workspace_bytes(const fmt::Header* hs, int n) {
   uint64_t tickets = 0;
   for (int j = 0; j < n; ++j) tickets += tickets_of(hs[j]);
-  const bool rans = n > 0 && hs[0].codec == fmt::Codec::Rans;
-  return spill_offset(tickets, n) + (rans ? spill_ctas(tickets) * gpu::kGroupsPerCta * gpu::kSpillBytes : 0);
+  return compress_workspace(tickets, n, n > 0 && hs[0].codec == fmt::Codec::Rans).bytes;
 }
 
 uint64_t gpu_compress_workspace_bytes(const fmt::Header& h) { return gpu_compress_batch_workspace_bytes(&h, 1); }
@@ -143,9 +152,11 @@ int gpu_compress_batch(const uint8_t* const* ins, const fmt::Header* hs, uint8_t
   launch.one = jobs[0];
   launch.njobs = static_cast<uint32_t>(n);
   launch.ticket = reinterpret_cast<uint32_t*>(ws);
-  launch.spill = hs[0].codec == fmt::Codec::Rans ? ws + spill_offset(tickets, n) : nullptr;
+  const bool rans = hs[0].codec == fmt::Codec::Rans;
+  const CompressWorkspace w = compress_workspace(tickets, n, rans);
+  launch.spill = rans ? ws + w.spill : nullptr;
   if (n > 1) {  // pageable source: the copy is staged before the call returns
-    uint8_t* table = ws + fmt::align_up(16 + 8 * tickets, 16);
+    uint8_t* table = ws + w.table;
     e = dev::memcpy_async(table, jobs.data(), n * sizeof(gpu::CompressParams), stream);
     if (!e) e = dev::memcpy_async(table + n * sizeof(gpu::CompressParams), ends.data(), 8ull * n, stream);
     if (e) return fail(e, "copying the batch table");
