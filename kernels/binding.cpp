@@ -31,6 +31,11 @@ struct FormatError : std::runtime_error {
 template <class T>
 T* ptr(uintptr_t p) { return reinterpret_cast<T*>(p); }
 
+// Tests only (_C.test_plan_override): every rANS plan of this process takes
+// this block size and lane count, so small tensors reach the 64-lane coders
+// that the encoder picks only for 2^27 symbols and more. 0: the encoder's plan.
+uint8_t g_plan_block_log2 = 0, g_plan_lanes = fmt::kLanes;
+
 fmt::Header plan(int dtype, uint64_t numel, const std::vector<int64_t>& shape, int codec = 1) {
   if (dtype <= 0 || dtype >= static_cast<int>(fmt::DType::Count)) throw std::invalid_argument("unknown dtype code");
   if (shape.size() > fmt::kMaxDims) throw std::invalid_argument("portable_zip supports at most 16 dimensions");
@@ -41,8 +46,10 @@ fmt::Header plan(int dtype, uint64_t numel, const std::vector<int64_t>& shape, i
   for (const int64_t d : shape)
     if (d < 0 || static_cast<uint64_t>(d) > fmt::kMaxNumel)
       throw std::overflow_error("shape entries must be in [0, 2^48], got " + std::to_string(d));
-  return fmt::plan_header(static_cast<fmt::DType>(dtype), numel, shape.data(), static_cast<int>(shape.size()),
-                          static_cast<fmt::Codec>(codec));
+  fmt::Header h = fmt::plan_header(static_cast<fmt::DType>(dtype), numel, shape.data(), static_cast<int>(shape.size()),
+                                   static_cast<fmt::Codec>(codec));
+  if (g_plan_block_log2 && h.codec == fmt::Codec::Rans) h.block_log2 = g_plan_block_log2, h.lanes = g_plan_lanes;
+  return h;
 }
 
 fmt::Header parse(const nb::bytes& data, uint64_t stream_len) {
@@ -104,6 +111,7 @@ NB_MODULE(_C, m) {
     d["numel"] = h.numel;
     d["total_bytes"] = h.total_bytes;
     d["block_symbols"] = h.codec != fmt::Codec::Raw ? (1ull << h.block_log2) : 0ull;
+    d["lanes"] = h.lanes;
     d["nblocks"] = l.nblocks;
     d["raw_begin"] = l.raw_begin;
     d["raw_end"] = l.raw_end;
@@ -114,6 +122,13 @@ NB_MODULE(_C, m) {
   });
 
   m.def("decode_error_text", &decode_error_text);
+  m.def("test_plan_override", [](int block_log2, int lanes) {
+    if (block_log2 && (block_log2 < fmt::kMinBlockLog2 || block_log2 > fmt::kEncoderMaxBlockLog2 ||
+                       (lanes != fmt::kLanes && lanes != fmt::kWideLanes)))
+      throw std::invalid_argument("test_plan_override: block_log2 in [10, 15] (0: off), lanes 32 or 64");
+    g_plan_block_log2 = static_cast<uint8_t>(block_log2);
+    g_plan_lanes = static_cast<uint8_t>(block_log2 ? lanes : fmt::kLanes);
+  });
   m.def("cpu_simd", [] { return std::string(cpu::simd::avx2_enabled() ? "avx2" : "scalar"); });
 
   // Region offsets that depend only on dtype, numel and ndim: what a peer can
@@ -203,9 +218,12 @@ NB_MODULE(_C, m) {
   m.def("pick_cuda_image", &dev::pick_cuda_image);
   m.def("gpu_image", &dev::loaded_image);
   m.def("bundle_targets", [](nb::bytes b) { return dev::bundle_targets(std::string(b.c_str(), b.size())); });
-  m.def("compress_workspace_bytes", [](int dtype, uint64_t numel, const std::vector<int64_t>& shape) {
-    return gpu_compress_workspace_bytes(plan(dtype, numel, shape));
-  });
+  m.def("compress_workspace_bytes", [](int dtype, uint64_t numel, const std::vector<int64_t>& shape, int codec,
+                                       int device) {
+    uint64_t bytes;
+    check(gpu_compress_workspace_bytes(plan(dtype, numel, shape, codec), device, &bytes));
+    return bytes;
+  }, nb::arg("dtype"), nb::arg("numel"), nb::arg("shape"), nb::arg("codec") = 1, nb::arg("device") = -1);
   m.def("compress_gpu", [](uintptr_t in, int dtype, uint64_t numel, const std::vector<int64_t>& shape, uintptr_t out,
                            uintptr_t workspace, uintptr_t stream, int max_sms, int codec, int device) {
     check(gpu_compress(ptr<const uint8_t>(in), plan(dtype, numel, shape, codec), ptr<uint8_t>(out),
@@ -221,10 +239,13 @@ NB_MODULE(_C, m) {
     return hs;
   };
   m.def("compress_batch_workspace_bytes", [plans](int dtype, const std::vector<uint64_t>& numels,
-                                                  const std::vector<std::vector<int64_t>>& shapes, int codec) {
+                                                  const std::vector<std::vector<int64_t>>& shapes, int codec,
+                                                  int device) {
     const auto hs = plans(dtype, numels, shapes, codec);
-    return gpu_compress_batch_workspace_bytes(hs.data(), static_cast<int>(hs.size()));
-  });
+    uint64_t bytes;
+    check(gpu_compress_batch_workspace_bytes(hs.data(), static_cast<int>(hs.size()), device, &bytes));
+    return bytes;
+  }, nb::arg("dtype"), nb::arg("numels"), nb::arg("shapes"), nb::arg("codec") = 1, nb::arg("device") = -1);
   m.def("compress_gpu_batch", [plans](const std::vector<uintptr_t>& ins, int dtype, const std::vector<uint64_t>& numels,
                                       const std::vector<std::vector<int64_t>>& shapes, const std::vector<uintptr_t>& outs,
                                       uintptr_t workspace, uintptr_t stream, int max_sms, int codec, int device) {

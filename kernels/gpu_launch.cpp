@@ -75,8 +75,21 @@ static uint64_t tickets_of(const fmt::Header& h) {
   return (fmt::layout_of(h).nblocks + gpu::kGroupsPerCta - 1) / gpu::kGroupsPerCta;
 }
 
-// At most one CTA per ticket, and never more than kSpillCtas.
-static uint64_t spill_ctas(uint64_t tickets) { return tickets < gpu::kSpillCtas ? tickets : gpu::kSpillCtas; }
+// Spill slots for a launch of `tickets` CTA tickets: one CTA per ticket at
+// most, never more than kSpillCtas, nor more than are resident at once on
+// the device (the aligned kernel's persistent grid on every SM; the launch
+// caps its grid to this). *ctas = 0 for the fixed code, which never spills.
+static int spill_ctas(const fmt::Header& h0, int n, uint64_t tickets, int device, uint64_t* ctas) {
+  *ctas = 0;
+  if (h0.codec != fmt::Codec::Rans) return kOk;
+  Ready r;
+  const uint64_t smem = gpu::kGroupsPerCta * gpu::compress_smem_per_group(h0.lanes, n > 1);
+  if (const int rc = ready(device, gpu::compress_name(h0.dtype, true, h0.codec, n > 1, h0.lanes), smem, &r)) return rc;
+  uint64_t cap = static_cast<uint64_t>(r.sms) * static_cast<uint64_t>(r.per_sm > 0 ? r.per_sm : 1);
+  if (cap > gpu::kSpillCtas) cap = gpu::kSpillCtas;
+  *ctas = tickets < cap ? tickets : cap;
+  return kOk;
+}
 
 // Workspace: ticket counter (16 B), look-back status words of every tensor,
 // then, for a batch, its parameter table and ticket ends, then (rANS) the
@@ -88,22 +101,35 @@ struct CompressWorkspace {
   uint64_t bytes;
 };
 
-static CompressWorkspace compress_workspace(uint64_t tickets, int n, bool rans) {
+static CompressWorkspace compress_workspace(uint64_t tickets, int n, uint64_t spill_slots) {
   CompressWorkspace w;
   w.table = fmt::align_up(16 + 8 * tickets, 16);
   const uint64_t end = n > 1 ? w.table + n * sizeof(gpu::CompressParams) + 8ull * n : 16 + 8 * tickets;
   w.spill = fmt::align_up(end, 16);
-  w.bytes = rans ? w.spill + spill_ctas(tickets) * gpu::kGroupsPerCta * gpu::kSpillBytes : end;
+  w.bytes = w.spill + spill_slots * gpu::kGroupsPerCta * gpu::kSpillBytes;
   return w;
 }
 
-uint64_t gpu_compress_batch_workspace_bytes(const fmt::Header* hs, int n) {
+static uint64_t tickets_of(const fmt::Header* hs, int n) {
   uint64_t tickets = 0;
   for (int j = 0; j < n; ++j) tickets += tickets_of(hs[j]);
-  return compress_workspace(tickets, n, n > 0 && hs[0].codec == fmt::Codec::Rans).bytes;
+  return tickets;
 }
 
-uint64_t gpu_compress_workspace_bytes(const fmt::Header& h) { return gpu_compress_batch_workspace_bytes(&h, 1); }
+int gpu_compress_batch_workspace_bytes(const fmt::Header* hs, int n, int device, uint64_t* bytes) {
+  *bytes = 16;
+  if (n < 1) return kOk;
+  if (hs[0].codec == fmt::Codec::Raw) return kOk;  // a raw stream's kernel needs none
+  const uint64_t tickets = tickets_of(hs, n);
+  uint64_t slots;
+  if (const int rc = spill_ctas(hs[0], n, tickets, device, &slots)) return rc;
+  *bytes = compress_workspace(tickets, n, slots).bytes;
+  return kOk;
+}
+
+int gpu_compress_workspace_bytes(const fmt::Header& h, int device, uint64_t* bytes) {
+  return gpu_compress_batch_workspace_bytes(&h, 1, device, bytes);
+}
 
 int gpu_compress_batch(const uint8_t* const* ins, const fmt::Header* hs, uint8_t* const* outs, int n, void* workspace,
                        void* stream, int device, int max_sms) {
@@ -112,8 +138,9 @@ int gpu_compress_batch(const uint8_t* const* ins, const fmt::Header* hs, uint8_t
   for (int j = 0; j < n; ++j) {
     const fmt::Header& h = hs[j];
     if (h.codec == fmt::Codec::Raw || h.block_log2 > fmt::kEncoderMaxBlockLog2 || h.dtype != hs[0].dtype ||
-        h.codec != hs[0].codec || !gpu::dtype_token(h.dtype) || reinterpret_cast<uintptr_t>(outs[j]) % fmt::kAlign) {
-      set_last_error("gpu_compress: needs coded headers of one dtype and codec, block_log2 <= 14, 16-byte aligned outputs", "");
+        h.codec != hs[0].codec || (n == 1 && h.lanes != hs[0].lanes) || !gpu::dtype_token(h.dtype) ||
+        reinterpret_cast<uintptr_t>(outs[j]) % fmt::kAlign) {
+      set_last_error("gpu_compress: needs coded headers of one dtype and codec, block_log2 <= 15, 16-byte aligned outputs", "");
       return kBadArgument;
     }
     // 16-byte vector loads need 16-byte-aligned inputs (a view may start anywhere).
@@ -130,9 +157,10 @@ int gpu_compress_batch(const uint8_t* const* ins, const fmt::Header* hs, uint8_t
   // Single tensors read their parameters from the launch (no staging): a
   // separate kernel, 13% faster at 256 MiB than the batched one. Batches take
   // aligned inputs only (callers send the rest one by one).
-  const uint64_t smem = gpu::kGroupsPerCta * gpu::compress_smem_per_group(hs[0].block_log2);
+  const uint64_t smem = gpu::kGroupsPerCta * gpu::compress_smem_per_group(hs[0].lanes, n > 1);
   Ready r;
-  if (const int rc = ready(device, gpu::compress_name(hs[0].dtype, aligned, hs[0].codec, n > 1), smem, &r)) return rc;
+  if (const int rc = ready(device, gpu::compress_name(hs[0].dtype, aligned, hs[0].codec, n > 1, hs[0].lanes), smem, &r))
+    return rc;
   uint8_t* ws = static_cast<uint8_t*>(workspace);
   std::vector<gpu::CompressParams> jobs(n);
   std::vector<uint64_t> ends(n);
@@ -152,9 +180,10 @@ int gpu_compress_batch(const uint8_t* const* ins, const fmt::Header* hs, uint8_t
   launch.one = jobs[0];
   launch.njobs = static_cast<uint32_t>(n);
   launch.ticket = reinterpret_cast<uint32_t*>(ws);
-  const bool rans = hs[0].codec == fmt::Codec::Rans;
-  const CompressWorkspace w = compress_workspace(tickets, n, rans);
-  launch.spill = rans ? ws + w.spill : nullptr;
+  uint64_t slots;
+  if (const int rc = spill_ctas(hs[0], n, tickets, device, &slots)) return rc;
+  const CompressWorkspace w = compress_workspace(tickets, n, slots);
+  launch.spill = slots ? ws + w.spill : nullptr;
   if (n > 1) {  // pageable source: the copy is staged before the call returns
     uint8_t* table = ws + w.table;
     e = dev::memcpy_async(table, jobs.data(), n * sizeof(gpu::CompressParams), stream);
@@ -163,7 +192,10 @@ int gpu_compress_batch(const uint8_t* const* ins, const fmt::Header* hs, uint8_t
     launch.jobs = reinterpret_cast<const gpu::CompressParams*>(table);
     launch.ticket_end = reinterpret_cast<const uint64_t*>(table + n * sizeof(gpu::CompressParams));
   }
-  return run(r, persistent_grid(r, spill_ctas(tickets), max_sms), smem, stream, launch, "launching the compress kernel");
+  // A spilling grid has a slot per CTA: at most `slots` CTAs.
+  const uint64_t grid = persistent_grid(r, tickets, max_sms);
+  return run(r, static_cast<unsigned>(slots && grid > slots ? slots : grid), smem, stream, launch,
+             "launching the compress kernel");
 }
 
 // Raw streams: one launch copies the payload and computes (encode) or checks
@@ -220,7 +252,7 @@ int gpu_decompress(const uint8_t* in, const fmt::Header& h, uint8_t* out, uint32
   const bool fixed = h.codec == fmt::Codec::Fixed;
   const uint64_t smem = fixed ? 0 : gpu::kGroupsPerCta * gpu::kDecompressSmemPerGroup;
   Ready r;
-  if (const int rc = ready(device, gpu::decompress_name(h.dtype, h.codec), smem, &r)) return rc;
+  if (const int rc = ready(device, gpu::decompress_name(h.dtype, h.codec, h.lanes), smem, &r)) return rc;
   const uint64_t grid = (l.nblocks + gpu::kGroupsPerCta - 1) / gpu::kGroupsPerCta;
   return run(r, persistent_grid(r, grid, max_sms), smem, stream, p, "launching the decompress kernel");
 }
@@ -280,7 +312,7 @@ int gpu_decode_batch(const uint8_t* const* ins, const uint64_t* in_lens, uint8_t
   f.p = gpu::DecompressParams{ins[0], outs[0], errs[0], expects[0]};
   f.total = jobs[0].fast_total;
   Ready fr;
-  if ((rc = ready(device, gpu::fast_decode_name(kernel_dtype), smem, &fr))) return rc;
+  if ((rc = ready(device, gpu::fast_decode_name(kernel_dtype, expects[0].lanes), smem, &fr))) return rc;
   return run(fr, persistent_grid(fr, (jobs[0].work + gpu::kGroupsPerCta - 1) / gpu::kGroupsPerCta, max_sms), smem, stream, f, "launching the decode kernel");
 }
 

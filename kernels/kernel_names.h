@@ -20,16 +20,20 @@ inline const char* dtype_token(fmt::DType d) {
   }
 }
 
-inline const char* codec_token(fmt::Codec c) { return c == fmt::Codec::Fixed ? "Fixed" : "Rans"; }
-
-// pz_compress_<dtype>_<aligned>_<codec>_<batched>, e.g. pz_compress_BFloat16_true_Rans_false
-inline std::string compress_name(fmt::DType d, bool aligned, fmt::Codec c, bool batched) {
-  return std::string("pz_compress_") + dtype_token(d) + (aligned ? "_true_" : "_false_") + codec_token(c) +
-         (batched ? "_true" : "_false");
+// Fixed, Rans (32 lanes), RansWide (64 lanes: two states a GPU lane).
+inline const char* codec_token(fmt::Codec c, int lanes) {
+  return c == fmt::Codec::Fixed ? "Fixed" : lanes == fmt::kWideLanes ? "RansWide" : "Rans";
 }
 
-inline std::string decompress_name(fmt::DType d, fmt::Codec c) {
-  return std::string("pz_decompress_") + dtype_token(d) + "_" + codec_token(c);
+// pz_compress_<dtype>_<aligned>_<codec>_<batched>, e.g. pz_compress_BFloat16_true_Rans_false.
+// A batch's rANS kernel serves both lane counts (each tensor's header says).
+inline std::string compress_name(fmt::DType d, bool aligned, fmt::Codec c, bool batched, int lanes) {
+  return std::string("pz_compress_") + dtype_token(d) + (aligned ? "_true_" : "_false_") +
+         codec_token(c, batched ? fmt::kLanes : lanes) + (batched ? "_true" : "_false");
+}
+
+inline std::string decompress_name(fmt::DType d, fmt::Codec c, int lanes) {
+  return std::string("pz_decompress_") + dtype_token(d) + "_" + codec_token(c, lanes);
 }
 
 // pz_decode_<dtype>: the device-parsed decode of one coded dtype; pz_decode_Raw: of every other dtype.
@@ -37,8 +41,10 @@ inline std::string device_decode_name(fmt::DType d) {
   return std::string("pz_decode_") + (dtype_token(d) ? dtype_token(d) : "Raw");
 }
 
-// pz_decode_fast_<dtype>: the expected rANS stream of one output, its parameters from the launch.
-inline std::string fast_decode_name(fmt::DType d) { return std::string("pz_decode_fast_") + dtype_token(d); }
+// pz_decode_fast_<dtype>_<codec>: the expected rANS stream of one output, its parameters from the launch.
+inline std::string fast_decode_name(fmt::DType d, int lanes) {
+  return std::string("pz_decode_fast_") + dtype_token(d) + "_" + codec_token(fmt::Codec::Rans, lanes);
+}
 
 inline std::string raw_name(bool encode, bool vec, bool is_bool) {
   return std::string("pz_raw_") + (encode ? "true_" : "false_") + (vec ? "true_" : "false_") + (is_bool ? "true" : "false");

@@ -31,10 +31,12 @@ void cpu_release_mapped(uint8_t* p, uint64_t mapped);
 // gpu_compress and gpu_decompress take raw (codec 0) streams too: a kernel
 // copies the payload and computes or checks its checksums.
 // max_sms > 0 limits the persistent grid to that many SMs' worth of CTAs.
-uint64_t gpu_compress_workspace_bytes(const fmt::Header& h);
+// The workspace depends on the device (its spill slots are as many as the
+// CTAs that fit on it at once), so the query loads the kernel.
+int gpu_compress_workspace_bytes(const fmt::Header& h, int device, uint64_t* bytes);
 // A batch of tensors of one dtype and codec in one launch (16-byte-aligned
 // workspace; with more than one tensor, 16-byte-aligned inputs).
-uint64_t gpu_compress_batch_workspace_bytes(const fmt::Header* hs, int n);
+int gpu_compress_batch_workspace_bytes(const fmt::Header* hs, int n, int device, uint64_t* bytes);
 int gpu_compress_batch(const uint8_t* const* ins, const fmt::Header* hs, uint8_t* const* outs, int n, void* workspace,
                        void* stream, int device, int max_sms);
 int gpu_compress(const uint8_t* in, const fmt::Header& h, uint8_t* out, void* workspace, void* stream, int device,

@@ -178,7 +178,8 @@ def _compress_padded(t: torch.Tensor, threads: Optional[int] = None, max_sms: in
     out = (torch.zeros if zero_pad else torch.empty)(cap, dtype=torch.uint8, device=t.device)
     with torch.cuda.device(t.device):
         # Raw-stored tensors go through a kernel too: it copies and computes the payload's checksums.
-        ws = torch.empty(_C.compress_workspace_bytes(code, numel, shape), dtype=torch.uint8, device=t.device)
+        ws = torch.empty(_C.compress_workspace_bytes(code, numel, shape, codec, t.device.index), dtype=torch.uint8,
+                         device=t.device)
         _C.compress_gpu(t.data_ptr(), code, numel, shape, out.data_ptr(), ws.data_ptr(), _stream(), max_sms, codec,
                         t.device.index)
     return out
@@ -356,6 +357,7 @@ def inspect(buf: torch.Tensor) -> dict:
         "header_bytes": info["header_bytes"],
         "blocks": info["nblocks"],
         "block_symbols": info["block_symbols"],
+        "lanes": info["lanes"],
         "buffer_bytes": buf.numel(),
     }
 
@@ -384,8 +386,8 @@ def compress_batch(tensors: Sequence[torch.Tensor], *, trim: Optional[bool] = No
         caps = [-(-_C.max_compressed_size(code, n, sh) // 16) * 16 for n, sh in zip(numels, shapes)]
         with torch.cuda.device(device):
             flat = torch.empty(sum(caps), dtype=torch.uint8, device=device)
-            ws = torch.empty(_C.compress_batch_workspace_bytes(code, numels, shapes, codec_id), dtype=torch.uint8,
-                             device=device)
+            ws = torch.empty(_C.compress_batch_workspace_bytes(code, numels, shapes, codec_id, device.index),
+                             dtype=torch.uint8, device=device)
             views, at = [], 0
             for cap in caps:
                 views.append(flat[at: at + cap])

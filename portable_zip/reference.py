@@ -1,6 +1,6 @@
-"""A small pure-numpy implementation of format v3 (docs/FORMAT.md); it also
-reads v2 streams (per-symbol block checksums, lane = j mod 32) and v1 streams
-(no checksums).
+"""A small pure-numpy implementation of format v4 (docs/FORMAT.md); it also
+reads v3 streams (always 32 lanes), v2 streams (per-symbol block checksums,
+lane = j mod 32) and v1 streams (no checksums).
 
 Written from the format description, independently of the C++ code, so tests
 can check the fast paths byte for byte against it. Slow: for small inputs.
@@ -12,10 +12,13 @@ import numpy as np
 from ._dtypes import CODED as _CODED_DTYPES, code_of
 
 MAGIC = b"PZIP"
-VERSION = 3
-READ_VERSIONS = (1, 2, 3)
+VERSION = 4
+READ_VERSIONS = (1, 2, 3, 4)
 RAW_CHUNK = 1 << 16  # bytes of raw payload per checksum
 LANES = 32
+WIDE_LANES = 64  # v4: rANS blocks of 2^WIDE_LOG2 symbols
+WIDE_LOG2 = 15
+WIDE_MIN_SYMBOLS = 1 << 27
 PROB_BITS = 12
 PROB_SCALE = 1 << PROB_BITS
 STATE_LOW = 1 << 16
@@ -88,11 +91,18 @@ def nsym_of(dtype: int, numel: int) -> int:
     return (numel + 1) // 2 if dtype in (E4M3, E5M2) else numel
 
 
-def block_log2_of(nsym: int) -> int:
+def block_log2_of(nsym: int, codec: int = 1) -> int:
+    """2^12 .. 2^14 symbols, aiming at >= 256 blocks; rANS from 2^27 symbols on: 2^15 (with 64 lanes)."""
+    if codec == 1 and nsym >= WIDE_MIN_SYMBOLS:
+        return WIDE_LOG2
     lg = 12
     while lg < 14 and (nsym >> (lg + 1)) >= 256:
         lg += 1
     return lg
+
+
+def lanes_of(lg: int, codec: int) -> int:
+    return WIDE_LANES if codec == 1 and lg == WIDE_LOG2 else LANES
 
 
 def split(dtype: int, data: np.ndarray):
@@ -164,43 +174,44 @@ def table_bytes(freq: list) -> bytes:
     return rng if len(rng) <= len(bitmap) else bitmap
 
 
-def lane_steps(n: int, version: int) -> np.ndarray:
+def lane_steps(n: int, version: int, lanes: int = LANES) -> np.ndarray:
     """[step, lane] -> index of the block symbol that lane codes at that step, -1 where it has none.
-    v3: rows of 256 symbols, lane L owns symbols 8L..8L+7 of each row (its own 16 bytes on a GPU);
-    v1/v2: symbol j in lane j mod 32, step j div 32."""
+    v3/v4: rows of 8 * lanes symbols, lane L owns symbols 8L..8L+7 of each row (its own 16 bytes on a
+    GPU); v1/v2: symbol j in lane j mod 32, step j div 32."""
     if version >= 3:
-        step = np.arange(8 * -(-n // 256))[:, None]
-        j = 256 * (step // 8) + 8 * np.arange(LANES) + step % 8
+        row = 8 * lanes
+        step = np.arange(8 * -(-n // row))[:, None]
+        j = row * (step // 8) + 8 * np.arange(lanes) + step % 8
     else:
         j = np.arange(-(-n // LANES) * LANES).reshape(-1, LANES)
     return np.where(j < n, j, -1)
 
 
-def encode_block(sym: np.ndarray, version: int = VERSION) -> bytes:
+def encode_block(sym: np.ndarray, version: int = VERSION, lanes: int = LANES) -> bytes:
     n = sym.size
     freq = quantize(np.bincount(sym, minlength=256), n)
     table = table_bytes(freq)
     cum = np.concatenate([[0], np.cumsum(freq)[:-1]]).astype(np.uint64)
     f_arr = np.array(freq, np.uint64)
     wpos = align(1 + len(table), 4)
-    prefix = wpos + 4 + 4 * LANES
+    prefix = wpos + 4 + 4 * lanes
     stored = prefix >= 1 + n
-    x = np.full(LANES, STATE_LOW, np.uint64)
+    x = np.full(lanes, STATE_LOW, np.uint64)
     words = []
-    for row in lane_steps(n, version):
+    for row in lane_steps(n, version, lanes):
         if stored:
             break
-        lanes = row >= 0  # a short last row leaves some lanes (or all) idle at this step
-        s = sym[row[lanes]]
+        on = row >= 0  # a short last row leaves some lanes (or all) idle at this step
+        s = sym[row[on]]
         f, c = f_arr[s], cum[s]
-        xs = x[lanes]
+        xs = x[on]
         need = xs >= (f << np.uint64(32 - PROB_BITS))
         if prefix + 2 * (len(words) + int(need.sum())) >= 1 + n:
             stored = True
             break
         words.extend(int(v) for v in (xs[need] & np.uint64(0xFFFF)))  # boolean indexing keeps lane order
         xs[need] >>= np.uint64(16)
-        x[lanes] = (xs // f << np.uint64(PROB_BITS)) + xs % f + c
+        x[on] = (xs // f << np.uint64(PROB_BITS)) + xs % f + c
     if stored:
         seg = bytes([0]) + sym.tobytes()
     else:
@@ -253,15 +264,17 @@ def decode_block_fixed(seg: bytes, n: int) -> np.ndarray:
     return out
 
 
-def header(dtype: int, codec: int, shape, numel: int, total: int, block_log2: int) -> bytes:
+def header(dtype: int, codec: int, shape, numel: int, total: int, block_log2: int, lanes: int = LANES) -> bytes:
     h = MAGIC + bytes([VERSION, dtype, codec, len(shape)]) + np.array([total, numel], "<u8").tobytes()
-    h += bytes([block_log2, PROB_BITS, LANES, 0, 0, 0, 0, 0]) + np.array(shape, "<i8").tobytes()
+    h += bytes([block_log2, PROB_BITS, lanes, 0, 0, 0, 0, 0]) + np.array(shape, "<i8").tobytes()
     h = h[:28] + np.uint32(header_sum(h)).tobytes() + h[32:]
     return h + bytes(align(len(h)) - len(h))
 
 
-def compress(data: bytes, dtype: int, shape, codec: int = 1) -> bytes:
-    """data: the tensor's bytes; dtype: format dtype code; codec: 1 rANS, 2 fixed."""
+def compress(data: bytes, dtype: int, shape, codec: int = 1, block_log2: int = None, lanes: int = None) -> bytes:
+    """data: the tensor's bytes; dtype: format dtype code; codec: 1 rANS, 2 fixed. block_log2 and
+    lanes override the encoder's plan (any block size a decoder accepts, 64 lanes with rANS), so
+    tests can make small streams of every shape the format allows."""
     numel = int(np.prod(shape, dtype=np.int64)) if len(shape) else 1
     if dtype not in CODED or numel == 0:
         head = header(dtype, 0, shape, numel, 0, 0)
@@ -269,33 +282,37 @@ def compress(data: bytes, dtype: int, shape, codec: int = 1) -> bytes:
         return header(dtype, 0, shape, numel, len(head) + len(body), 0) + body
     sym, p8, p16 = split(dtype, np.frombuffer(data, np.uint8))
     nsym = sym.size
-    lg = block_log2_of(nsym)
+    wide = codec == 1 and dtype != FP32  # fp32 stays at 32 lanes
+    lg = block_log2_of(nsym, 1 if wide else 2) if block_log2 is None else block_log2
+    lanes = lanes_of(lg, 1 if wide else 2) if lanes is None else lanes
     nblocks = -(-nsym // (1 << lg))
-    head_len = len(header(dtype, codec, shape, numel, 0, lg))
+    head_len = len(header(dtype, codec, shape, numel, 0, lg, lanes))
     raw = p8.tobytes()
     if p16 is not None:
         raw += bytes(align(head_len + len(raw)) - head_len - len(raw)) + p16.astype("<u2").tobytes()
     raw += bytes(align(head_len + len(raw)) - head_len - len(raw))
-    enc = encode_block_fixed if codec == 2 else encode_block
+    enc = encode_block_fixed if codec == 2 else (lambda s: encode_block(s, VERSION, lanes))
     segs = [enc(sym[b << lg: (b + 1) << lg]) for b in range(nblocks)]
     offs = np.cumsum([len(s) for s in segs]).astype("<u8").tobytes()
     offs += np.array(block_sums(dtype, data, lg, VERSION), "<u4").tobytes()
     offs += bytes(align(len(offs)) - len(offs))
     coded = b"".join(segs)
     total = head_len + len(raw) + len(offs) + len(coded)
-    return header(dtype, codec, shape, numel, total, lg) + raw + offs + coded
+    return header(dtype, codec, shape, numel, total, lg, lanes) + raw + offs + coded
 
 
 def decompress(stream: bytes) -> tuple:
     """-> (dtype code, shape, tensor bytes). Raises ValueError on any inconsistency
     it checks (not every one the C++ decoder checks: this is a reference, not a validator)."""
     if stream[:4] != MAGIC or stream[4] not in READ_VERSIONS:
-        raise ValueError("not a v1, v2 or v3 portable_zip stream")
+        raise ValueError("not a v1 to v4 portable_zip stream")
     version = stream[4]
     summed = version >= 2  # v1 predates the checksums
     dtype, codec, ndim = stream[5], stream[6], stream[7]
     total, numel = np.frombuffer(stream[8:24], "<u8").tolist()
-    lg = stream[24]
+    lg, lanes = stream[24], stream[26]
+    if lanes != LANES and not (lanes == WIDE_LANES and version >= 4 and codec == 1):
+        raise ValueError("bad lane count")
     shape = tuple(np.frombuffer(stream[32: 32 + 8 * ndim], "<i8").tolist())
     raw_begin = align(32 + 8 * ndim)
     if summed and int(np.frombuffer(stream[28:32], "<u4")[0]) != header_sum(stream[: 32 + 8 * ndim]):
@@ -326,7 +343,7 @@ def decompress(stream: bytes) -> tuple:
     for b in range(nblocks):
         seg = stream[coded_begin + (offs[b - 1] if b else 0): coded_begin + offs[b]]
         n = min(nsym, (b + 1) << lg) - (b << lg)
-        sym[b << lg: (b << lg) + n] = decode_block_fixed(seg, n) if seg[0] == 2 else decode_block(seg, n, version)
+        sym[b << lg: (b << lg) + n] = decode_block_fixed(seg, n) if seg[0] == 2 else decode_block(seg, n, version, lanes)
     data = join(dtype, numel, sym, p8, p16)
     if summed:
         for b, (got, want) in enumerate(zip(block_sums(dtype, data, lg, version), sums)):
@@ -335,7 +352,7 @@ def decompress(stream: bytes) -> tuple:
     return dtype, shape, data
 
 
-def decode_block(seg: bytes, n: int, version: int = VERSION) -> np.ndarray:
+def decode_block(seg: bytes, n: int, version: int = VERSION, lanes: int = LANES) -> np.ndarray:
     if seg[0] == 0:
         return np.frombuffer(seg, np.uint8, n, 1)
     pos, freq = 2, [0] * 256
@@ -365,16 +382,16 @@ def decode_block(seg: bytes, n: int, version: int = VERSION) -> np.ndarray:
     lookup = np.repeat(np.arange(256, dtype=np.uint8), freq)
     wpos = align(pos, 4)
     nwords = int(np.frombuffer(seg, "<u4", 1, wpos)[0])
-    x = np.frombuffer(seg, "<u4", LANES, wpos + 4).astype(np.uint64)
-    words = np.frombuffer(seg, "<u2", nwords, wpos + 4 + 4 * LANES).astype(np.uint64)
+    x = np.frombuffer(seg, "<u4", lanes, wpos + 4).astype(np.uint64)
+    words = np.frombuffer(seg, "<u2", nwords, wpos + 4 + 4 * lanes).astype(np.uint64)
     f_arr = np.array(freq, np.uint64)
     out = np.empty(n, np.uint8)
     rp = nwords
-    for row in lane_steps(n, version)[::-1]:
-        lanes = row >= 0
-        xs = x[lanes]
+    for row in lane_steps(n, version, lanes)[::-1]:
+        on = row >= 0
+        xs = x[on]
         s = lookup[(xs & np.uint64(PROB_SCALE - 1)).astype(np.int64)]
-        out[row[lanes]] = s
+        out[row[on]] = s
         xs = f_arr[s] * (xs >> np.uint64(PROB_BITS)) + (xs & np.uint64(PROB_SCALE - 1)) - cum[s]
         need = xs < STATE_LOW
         cnt = int(need.sum())
@@ -382,7 +399,7 @@ def decode_block(seg: bytes, n: int, version: int = VERSION) -> np.ndarray:
             raise ValueError("corrupted rANS data")
         xs[need] = xs[need] << np.uint64(16) | words[rp - cnt: rp]  # the step's words, in lane order
         rp -= cnt
-        x[lanes] = xs
+        x[on] = xs
     if rp != 0 or not np.all(x == STATE_LOW):
         raise ValueError("corrupted rANS data")
     return out

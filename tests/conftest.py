@@ -1,3 +1,4 @@
+import contextlib
 import os
 
 import numpy as np
@@ -10,6 +11,22 @@ settings.register_profile("ci", deadline=None, max_examples=60,
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 CODED_DTYPES = [torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn, torch.float8_e5m2]
+
+
+WIDE_MIN = 1 << 27  # symbols from which the encoder plans 2^15-symbol blocks with 64 lanes (format v4)
+
+
+@contextlib.contextmanager
+def forced_plan(block_log2: int, lanes: int):
+    """Every rANS compress of this process plans (block_log2, lanes): the
+    64-lane coders on small tensors (_C.test_plan_override)."""
+    from portable_zip import _C
+
+    _C.test_plan_override(block_log2, lanes)
+    try:
+        yield
+    finally:
+        _C.test_plan_override(0, 32)
 
 
 def fresh_rng() -> np.random.Generator:

@@ -4,39 +4,56 @@ drawn fresh here are coded in this process (AVX2 where the CPU has it) and in
 a child with PZ_CPU_SIMD=0 (scalar), and the streams compared byte for byte.
 CI runs the whole suite on an AVX2 host, so this is where the scalar path is
 checked against it."""
+import contextlib
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 import portable_zip as pz
-from conftest import fresh_rng, random_bits, same_bits, weights
+from conftest import forced_plan, fresh_rng, random_bits, same_bits, weights
 
 CHILD = r"""
 import sys, torch, portable_zip as pz
+from portable_zip import _C
 assert pz.backend_info()["cpu_simd"] == "scalar"
 src = torch.load(sys.argv[1])
-out = {"streams": [pz.compress(t, codec=c, threads=1) for t, c in src["tensors"]],
+def compress(t, c, plan):
+    _C.test_plan_override(*(plan or (0, 32)))
+    return pz.compress(t, codec=c, threads=1)
+out = {"streams": [compress(t, c, plan) for t, c, plan in src["tensors"]],
        "decoded": [pz.decompress(b, threads=1) for b in src["streams"]]}
 torch.save(out, sys.argv[2])
 """
 
 
 def cases(rng):
+    """(tensor, codec, forced plan or None)."""
     ts = []
     for dtype in (torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn, torch.float8_e5m2):
         for n in (1, 255, 256, 4097, 65_536 + 77, 300_001):
-            ts.append((weights(rng, n, dtype, float(rng.choice([0.02, 1.0, 1e-3]))), "rans"))
-        ts.append((random_bits(rng, 70_001, dtype), "rans"))  # blocks near and past the stored limit
-        ts.append((weights(rng, 70_001, dtype), "fixed"))
+            ts.append((weights(rng, n, dtype, float(rng.choice([0.02, 1.0, 1e-3]))), "rans", None))
+        ts.append((random_bits(rng, 70_001, dtype), "rans", None))  # blocks near and past the stored limit
+        ts.append((weights(rng, 70_001, dtype), "fixed", None))
+        # 64 lanes (the encoder's plan from 2^27 symbols on, forced here): whole
+        # and partial rows and blocks, random bits (stored blocks).
+        for n, plan in ((300_001, (15, 64)), (5_000, (10, 64))):
+            ts.append((weights(rng, n, dtype, float(rng.choice([0.02, 1.0]))), "rans", plan))
+        ts.append((random_bits(rng, 70_001, dtype), "rans", (12, 64)))
     # Mostly one exponent with rare others: long runs without renormalization, then bursts.
     t = weights(rng, 200_000, torch.bfloat16, 1.0)
     t[rng.integers(0, t.numel(), 300)] = 1e-30
-    ts.append((t, "rans"))
+    ts.append((t, "rans", None))
     return ts
+
+
+def compress(t, codec, plan):
+    with forced_plan(*plan) if plan else contextlib.nullcontext():
+        return pz.compress(t, codec=codec, threads=1)
 
 
 def host_has_avx2() -> bool:
@@ -51,24 +68,26 @@ def test_simd_and_scalar_give_the_same_bytes(tmp_path: Path):
         assert pz.backend_info()["cpu_simd"] == "avx2"  # this process runs the AVX2 paths
     rng = fresh_rng()
     ts = cases(rng)
-    mine = [pz.compress(t, codec=c, threads=1) for t, c in ts]
+    mine = [compress(t, c, plan) for t, c, plan in ts]
     torch.save({"tensors": ts, "streams": mine}, tmp_path / "in.pt")
     env = dict(os.environ, PZ_CPU_SIMD="0")
     subprocess.run([sys.executable, "-P", "-c", CHILD, str(tmp_path / "in.pt"), str(tmp_path / "out.pt")], env=env,
                    check=True, cwd=tmp_path)
     theirs = torch.load(tmp_path / "out.pt")
-    for (t, c), a, b, back in zip(ts, mine, theirs["streams"], theirs["decoded"]):
+    for (t, c, _), a, b, back in zip(ts, mine, theirs["streams"], theirs["decoded"]):
         assert torch.equal(a, b), f"AVX2 and scalar bytes differ for {t.dtype}[{t.numel()}] {c}"
         assert same_bits(back, t)  # scalar decodes the AVX2 stream
         assert same_bits(pz.decompress(b, threads=1), t)  # and the reverse
 
 
-def test_simd_decoder_rejects_what_scalar_rejects():
+@pytest.mark.parametrize("lanes", [32, 64])
+def test_simd_decoder_rejects_what_scalar_rejects(lanes):
     """Truncated coded words: both decoders raise (the AVX2 one reads the
-    last words through a bounded copy)."""
+    last words through a bounded copy), with 32 lanes and with 64."""
     rng = fresh_rng()
     t = weights(rng, 1 << 16, torch.bfloat16)
-    buf = pz.compress(t).clone()
+    with forced_plan(14, lanes):
+        buf = pz.compress(t).clone()
     info = pz.inspect(buf)
     begin = info["compressed_bytes"] - info["coded_bytes"]
     bad = buf.clone()

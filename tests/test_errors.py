@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import portable_zip as pz
-from conftest import fresh_rng, same_bits, weights
+from conftest import forced_plan, fresh_rng, same_bits, weights
 
 
 def stream(dtype=torch.bfloat16, numel=20_000):
@@ -53,15 +53,15 @@ def test_not_a_stream():
 
 def test_version_mismatch():
     buf = stream().clone()
-    for v in (0, 4, 255):
+    for v in (0, 5, 255):
         buf[4] = v
-        with pytest.raises(pz.FormatError, match=f"version {v}; this build reads versions 1 to 3"):
+        with pytest.raises(pz.FormatError, match=f"version {v}; this build reads versions 1 to 4"):
             pz.decompress(buf)
 
 
 @pytest.mark.parametrize("offset,value,msg", [
     (5, 0, "dtype"), (5, 200, "dtype"), (6, 7, "codec"), (7, 17, "ndim"), (24, 3, "parameters"),
-    (25, 11, "parameters"), (26, 64, "parameters"), (27, 1, "parameters"), (32, 7, "shape"),
+    (25, 11, "parameters"), (26, 48, "parameters"), (27, 1, "parameters"), (32, 7, "shape"),
     (slice(8, 16), 0, "total"), (15, 1, "total"), (slice(8, 16), 0xFF, "total"),
 ])
 def test_header_fields(offset, value, msg):
@@ -69,6 +69,28 @@ def test_header_fields(offset, value, msg):
     buf[offset] = value
     with pytest.raises(pz.FormatError, match=msg):
         pz.decompress(buf)
+
+
+def test_lane_count_relabelled():
+    """64 lanes is a v4 rANS plan: a forged header (checksum recomputed) that
+    names it on a fixed-code or a v3 stream, or names 32 lanes on a 64-lane
+    stream (or the reverse), never decodes to different data."""
+    fixed = pz.compress(weights(fresh_rng(), 20_000, torch.bfloat16), codec="fixed").clone()
+    fixed[26] = 64
+    with pytest.raises(pz.FormatError, match="parameters"):
+        pz.decompress(resign(fixed))
+    v3 = stream().clone()
+    v3[4], v3[26] = 3, 64
+    with pytest.raises(pz.FormatError, match="parameters"):
+        pz.decompress(resign(v3))
+    with forced_plan(12, 64):
+        wide = pz.compress(weights(fresh_rng(), 20_000, torch.bfloat16))
+    for lanes in (64, 32):
+        buf = stream().clone() if lanes == 64 else wide.clone()
+        assert pz.inspect(buf)["lanes"] == 96 - lanes
+        buf[26] = lanes
+        with pytest.raises(pz.FormatError):
+            pz.decompress(resign(buf))
 
 
 def test_truncated():

@@ -10,6 +10,8 @@ import torch
 
 import portable_zip as pz
 from conftest import CODED_DTYPES, fresh_rng, same_bits, weights
+from portable_zip import reference as ref
+from portable_zip._dtypes import code_of
 
 ROOT = Path(__file__).resolve().parents[1]
 MUTATIONS = int(os.environ.get("PZ_FUZZ_MUTATIONS", "12000"))
@@ -91,6 +93,12 @@ def make_streams(rng, device="cpu"):
                 t = torch.from_numpy(rng.integers(0, 256, numel * dtype.itemsize, dtype=np.uint8)).view(dtype)
             for codec in ("rans", "fixed") if dtype in CODED_DTYPES else ("rans",):
                 streams.append((t, pz.trim(pz.compress(t.to(device), codec=codec)).cpu().numpy()))
+    # 64-lane rANS (v4), which the encoder picks for 2^23 symbols and more, on
+    # small tensors: the reference encoder with 2^10-symbol blocks.
+    for dtype in CODED_DTYPES:
+        t = weights(rng, 5000, dtype, 0.02)
+        data = t.view(torch.uint8).numpy().tobytes()
+        streams.append((t, np.frombuffer(ref.compress(data, code_of(dtype), [5000], 1, 10, 64), np.uint8).copy()))
     return streams
 
 

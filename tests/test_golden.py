@@ -1,9 +1,12 @@
 """Committed golden streams: any change to the bytes must be a deliberate format change.
 
 tests/golden/*.pz are format version 1 streams (written before the checksums
-existed) and tests/golden/v2/ version 2 streams (strided rANS lanes, a
-checksum unit per symbol): both must keep decoding. tests/golden/v<N>/ holds
-the current version's streams, which compress must reproduce byte for byte."""
+existed), tests/golden/v2/ version 2 streams (strided rANS lanes, a checksum
+unit per symbol) and tests/golden/v3/ version 3 streams (32 lanes only): all
+must keep decoding. tests/golden/v<N>/ holds the current version's streams,
+which compress must reproduce byte for byte; those with a plan in the
+manifest (64 lanes on a small tensor, which compress never picks) the
+reference encoder must reproduce, and every decoder decode."""
 import json
 from pathlib import Path
 
@@ -13,10 +16,11 @@ import torch
 import portable_zip as pz
 from portable_zip import reference as ref
 from conftest import same_bits
+from portable_zip._dtypes import code_of
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 CURRENT = pz.backend_info()["format_version"]
-DIRS = {1: GOLDEN, 2: GOLDEN / "v2", CURRENT: GOLDEN / f"v{CURRENT}"}
+DIRS = {1: GOLDEN, 2: GOLDEN / "v2", 3: GOLDEN / "v3", CURRENT: GOLDEN / f"v{CURRENT}"}
 MANIFESTS = {v: json.loads((d / "manifest.json").read_text()) for v, d in DIRS.items()}
 CASES = [(v, name) for v in sorted(MANIFESTS) for name in sorted(MANIFESTS[v])]
 
@@ -30,7 +34,7 @@ def load(version, name):
 
 
 def test_manifests_cover_every_coded_dtype():
-    assert CURRENT == 3
+    assert CURRENT == 4
     for m in MANIFESTS.values():
         assert {x["dtype"] for x in m.values()} >= {"bfloat16", "float16", "float32", "float8_e4m3fn", "float8_e5m2",
                                                     "int32"}
@@ -40,7 +44,30 @@ def test_manifests_cover_every_coded_dtype():
 @pytest.mark.parametrize("name", sorted(MANIFESTS[CURRENT]))
 def test_compress_reproduces_golden(name):
     t, golden = load(CURRENT, name)
-    assert pz.compress(t, codec=MANIFESTS[CURRENT][name]["codec"]).numpy().tobytes() == golden
+    meta = MANIFESTS[CURRENT][name]
+    if "plan" in meta:
+        data = t.reshape(-1).view(torch.uint8).numpy().tobytes()
+        assert ref.compress(data, code_of(t.dtype), list(t.shape), 1, meta["plan"]["block_log2"],
+                            meta["plan"]["lanes"]) == golden
+        assert pz.inspect(torch.frombuffer(bytearray(golden), dtype=torch.uint8))["lanes"] == meta["plan"]["lanes"]
+    else:
+        assert pz.compress(t, codec=meta["codec"]).numpy().tobytes() == golden
+
+
+def test_wide_goldens_cover_every_coded_dtype():
+    wide = {m["dtype"] for m in MANIFESTS[CURRENT].values() if m.get("plan", {}).get("lanes") == 64}
+    assert wide == {"bfloat16", "float16", "float32", "float8_e4m3fn", "float8_e5m2"}
+
+
+@pytest.mark.parametrize("name", sorted(MANIFESTS[3]))
+def test_v3_and_v4_differ_in_the_header_only(name):
+    """v4 added the 64-lane plan: a 32-lane v4 stream is its v3 stream but for
+    the version byte and the header checksum."""
+    t3, v3 = load(3, name)
+    t4, v4 = load(CURRENT, name)
+    assert same_bits(t3, t4) and len(v3) == len(v4)
+    diff = [i for i in range(len(v3)) if v3[i] != v4[i]]
+    assert diff[0] == 4 and all(28 <= i < 32 for i in diff[1:]), diff
 
 
 @pytest.mark.parametrize("version,name", CASES)
@@ -76,7 +103,8 @@ def test_v2_and_v3_share_raw_planes_and_sizes(name):
     """v3 moves symbols between rANS lanes and hashes words: the raw planes
     are unchanged, and so are the fixed code's segments."""
     t2, v2 = load(2, name)
-    v3 = pz.compress(t2, codec=MANIFESTS[2][name]["codec"]).numpy().tobytes()
+    t3, v3 = load(3, name)
+    assert same_bits(t2, t3)
     i2 = pz.inspect(torch.frombuffer(bytearray(v2), dtype=torch.uint8))
     i3 = pz.inspect(torch.frombuffer(bytearray(v3), dtype=torch.uint8))
     assert i3["format_version"] == 3 and i2["raw_bytes"] == i3["raw_bytes"]

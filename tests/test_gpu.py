@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import portable_zip as pz
-from conftest import fresh_rng, random_bits, same_bits, weights
+from conftest import WIDE_MIN, forced_plan, fresh_rng, random_bits, same_bits, weights
 from test_errors import resign, words_at_end_stream, words_run_out_stream
 from test_fuzz import fuzz, make_streams, mutate, mutate_bytes
 
@@ -121,6 +121,70 @@ def test_gpu_decompress_into_out(coded_dtype):
     t = weights(fresh_rng(), 300_001, coded_dtype).to(DEV)
     out = torch.empty_like(t)
     assert pz.decompress(pz.compress(t), out=out) is out and same_bits(out, t)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn,
+                                   torch.float8_e5m2])
+def test_gpu_wide_lanes(dtype):
+    """64-lane rANS (two states a GPU lane; the encoder's plan from 2^27
+    symbols on, forced here on 33 blocks), every coded dtype: GPU bytes ==
+    CPU bytes, decoded by both, through the host-parsed kernel and the
+    device-parsed fast path (out=), with a partial last block and row, and
+    random bits (stored blocks)."""
+    rng = fresh_rng()
+    with forced_plan(15, 64):
+        for t in (weights(rng, (1 << 20) + 12_345, dtype), random_bits(rng, 70_001, dtype)):
+            cpu = pz.compress(t)
+            info = pz.inspect(cpu)
+            assert info["lanes"] == 64 and info["block_symbols"] == 1 << 15, info
+            gpu_roundtrip(t)
+            out = torch.empty_like(t, device=DEV)
+            pz.decompress(cpu.to(DEV), out=out, check=True)
+            assert same_bits(out.cpu(), t)
+
+
+def test_gpu_wide_lanes_every_path():
+    """64 lanes through the other compress paths, against the CPU's bytes:
+    the encoder's own plan at 2^27 symbols, an unaligned view, one SM (every
+    CTA reuses its spill slots), a batch mixing 64- and 32-lane tensors (one
+    kernel, both coders), and decompress_batch (the device-parsed general
+    kernel, both decoders)."""
+    rng = fresh_rng()
+    big = weights(rng, WIDE_MIN + 1000, torch.bfloat16)
+    assert pz.inspect(pz.compress(big[:4096 * 64]))["lanes"] == 32
+    gpu_roundtrip(big)
+    with forced_plan(15, 64):
+        t = weights(rng, (1 << 20) + 1000, torch.bfloat16)
+        gpu_roundtrip(t[3:])
+        one = pz.trim(pz.compress(t.to(DEV), max_sms=1)).cpu()
+        assert torch.equal(one, pz.compress(t))
+        assert same_bits(pz.decompress(one.to(DEV), max_sms=1).cpu(), t)
+    ts = [big, weights(rng, 70_001, torch.bfloat16), weights(rng, 1, torch.bfloat16)]
+    got = pz.compress_batch([x.to(DEV) for x in ts])
+    assert [pz.inspect(g)["lanes"] for g in got] == [64, 32, 32]
+    for g, x in zip(got, ts):
+        assert torch.equal(pz.trim(g).cpu(), pz.compress(x))
+    outs = [torch.empty_like(x, device=DEV) for x in ts]
+    pz.decompress_batch(got, out=outs)
+    pz.check()
+    assert all(same_bits(o.cpu(), x) for o, x in zip(outs, ts))
+
+
+def test_gpu_decodes_wide_goldens():
+    """The reference encoder's small 64-lane streams (any block size, partial
+    rows; tests/golden/v4) decode on the GPU, host- and device-parsed."""
+    golden = Path(__file__).resolve().parent / "golden" / "v4"
+    wide = {k: m for k, m in json.loads((golden / "manifest.json").read_text()).items() if "plan" in m}
+    assert len(wide) == 5
+    for name, meta in wide.items():
+        dtype = getattr(torch, meta["dtype"])
+        t = torch.frombuffer(bytearray((golden / f"{name}.in").read_bytes()), dtype=torch.uint8).view(dtype)
+        t = t.reshape(meta["shape"])
+        buf = torch.frombuffer(bytearray((golden / f"{name}.pz").read_bytes()), dtype=torch.uint8).to(DEV)
+        assert same_bits(pz.decompress(buf).cpu(), t), name
+        out = torch.empty_like(t, device=DEV)
+        pz.decompress(buf, out=out, check=True)
+        assert same_bits(out.cpu(), t), name
 
 
 def test_gpu_errors():

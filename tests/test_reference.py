@@ -1,4 +1,6 @@
 """The C++ CPU codec against the independent numpy implementation of the format."""
+import contextlib
+
 import numpy as np
 import pytest
 import torch
@@ -7,7 +9,7 @@ from hypothesis import given, strategies as st
 import portable_zip as pz
 from portable_zip import reference as ref
 from portable_zip._dtypes import code_of
-from conftest import CODED_DTYPES, fresh_rng, random_bits, same_bits, weights
+from conftest import CODED_DTYPES, forced_plan, fresh_rng, random_bits, same_bits, weights
 
 
 def tensor_bytes(t: torch.Tensor) -> bytes:
@@ -17,9 +19,11 @@ def tensor_bytes(t: torch.Tensor) -> bytes:
 CODECS = {"rans": 1, "fixed": 2}
 
 
-def check_against_reference(t: torch.Tensor, codec: str = "rans") -> None:
-    ours = pz.compress(t, codec=codec).numpy().tobytes()
-    theirs = ref.compress(tensor_bytes(t), code_of(t.dtype), list(t.shape), CODECS[codec])
+def check_against_reference(t: torch.Tensor, codec: str = "rans", plan=None) -> None:
+    """plan: (block_log2, lanes) forced on both encoders."""
+    with forced_plan(*plan) if plan else contextlib.nullcontext():
+        ours = pz.compress(t, codec=codec).numpy().tobytes()
+    theirs = ref.compress(tensor_bytes(t), code_of(t.dtype), list(t.shape), CODECS[codec], *(plan or ()))
     assert ours == theirs, f"C++ and reference {codec} streams differ for {t.dtype}{list(t.shape)}"
     dtype, shape, data = ref.decompress(ours)
     assert dtype == code_of(t.dtype) and shape == tuple(t.shape) and data == tensor_bytes(t)
@@ -40,6 +44,30 @@ def test_matches_reference_multiblock_shapes(codec):
     check_against_reference(weights(rng, 300_000, torch.bfloat16).reshape(3, 100_000), codec)
     check_against_reference(torch.zeros(5, 0, 3, dtype=torch.float16), codec)
     check_against_reference(random_bits(rng, 999, torch.int32, (9, 111)), codec)
+
+
+@pytest.mark.parametrize("plan", [(15, 64), (12, 64), (10, 64)])
+def test_matches_reference_wide(coded_dtype, plan):
+    """From 2^27 symbols the encoder codes 2^15-symbol blocks with 64 lanes
+    (format v4), here forced on small tensors: the reference, written from
+    docs/FORMAT.md, writes the same bytes (partial last blocks and rows,
+    stored blocks) and decodes them."""
+    rng = fresh_rng()
+    check_against_reference(weights(rng, (1 << 16) + 777, coded_dtype), plan=plan)
+    check_against_reference(random_bits(rng, 40_000, coded_dtype), plan=plan)
+
+
+@pytest.mark.parametrize("dtype", CODED_DTYPES)
+def test_reference_wide_plan_small(dtype):
+    """64 lanes on small tensors (the reference encoder's plan override; the
+    C++ encoder picks 64 lanes for big tensors only): the C++ decoder reads
+    them, whatever the block size, partial rows included."""
+    t = weights(fresh_rng(), 9_999, dtype, 1.0)
+    for block_log2 in (10, 12, 16):
+        stream = ref.compress(tensor_bytes(t), code_of(dtype), [9_999], 1, block_log2, 64)
+        buf = torch.frombuffer(bytearray(stream), dtype=torch.uint8)
+        assert pz.inspect(buf)["lanes"] == 64
+        assert same_bits(pz.decompress(buf), t)
 
 
 @given(numel=st.integers(1, 20_000), dtype=st.sampled_from(CODED_DTYPES), seed=st.integers(0, 2**32 - 1),

@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, strategies as st
 
 import portable_zip as pz
-from conftest import CODED_DTYPES, fresh_rng, random_bits, same_bits, weights
+from conftest import CODED_DTYPES, WIDE_MIN, forced_plan, fresh_rng, random_bits, same_bits, weights
 
 
 def roundtrip(t: torch.Tensor, **kw) -> torch.Tensor:
@@ -239,14 +239,41 @@ def test_batch_api(coded_dtype, codec):
 def test_inspect_fields():
     t = weights(fresh_rng(), 1 << 20, torch.bfloat16).reshape(1024, 1024)
     info = pz.inspect(pz.compress(t))
-    assert info["format_version"] == 3 and info["codec"] == "rans"
+    assert info["format_version"] == 4 and info["codec"] == "rans" and info["lanes"] == 32
     assert info["dtype"] == torch.bfloat16 and info["shape"] == (1024, 1024)
     assert info["original_bytes"] == t.nbytes
     assert 0.6 < info["ratio"] < 0.68
     assert info["raw_bytes"] == t.numel()  # one sign/mantissa byte per element
 
 
+def test_wide_plan_from_2_27_symbols():
+    """The encoder codes 2^15-symbol blocks with 64 lanes from 2^27 symbols on
+    (2^14 and 32 lanes just below), and both round-trip."""
+    rng = fresh_rng()
+    for numel, lanes, block in ((WIDE_MIN - 1, 32, 1 << 14), (WIDE_MIN + 3, 64, 1 << 15)):
+        t = random_bits(rng, numel, torch.bfloat16)
+        t[: numel // 2] = weights(rng, numel // 2, torch.bfloat16)  # coded blocks and stored ones
+        buf = pz.compress(t)
+        info = pz.inspect(buf)
+        assert (info["lanes"], info["block_symbols"]) == (lanes, block), info
+        assert same_bits(pz.decompress(buf), t)
+        del buf
+
+
+@pytest.mark.parametrize("block_log2", [10, 13, 15])
+def test_wide_lanes_round_trip(coded_dtype, block_log2):
+    """64 lanes with any block size (forced plan): partial last blocks and
+    rows, skewed and random data, every thread count."""
+    rng = fresh_rng()
+    with forced_plan(block_log2, 64):
+        for t in (weights(rng, 100_003, coded_dtype), random_bits(rng, 70_001, coded_dtype)):
+            buf = pz.compress(t)
+            assert pz.inspect(buf)["lanes"] == 64
+            for threads in (1, 3):
+                assert same_bits(pz.decompress(buf, threads=threads), t)
+
+
 def test_backend_info():
     info = pz.backend_info()
     assert info["backend"] in ("cpu", "cuda", "hip")
-    assert info["lanes"] == 32 and info["format_version"] == 3
+    assert info["lanes"] == 32 and info["format_version"] == 4

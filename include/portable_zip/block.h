@@ -39,11 +39,11 @@ PZ_HOST_DEVICE inline bool segment_bounds(const uint8_t* stream, const fmt::Head
   return true;
 }
 
-// v3: how many lanes hold a symbol in column j of a row of `left` symbols
-// (all 32 in a full row; fewer, or none, in a short last row).
-PZ_HOST_DEVICE PZ_FORCE_INLINE int row_lanes(uint32_t left, int j) {
+// v3: how many of `lanes` lanes hold a symbol in column j of a row of `left`
+// symbols (all in a full row; fewer, or none, in a short last row).
+PZ_HOST_DEVICE PZ_FORCE_INLINE int row_lanes(uint32_t left, int j, int lanes) {
   const uint32_t k = (left + fmt::kLaneRun - 1 - j) / fmt::kLaneRun;
-  return static_cast<int>(k < fmt::kLanes ? k : fmt::kLanes);
+  return static_cast<int>(k < static_cast<uint32_t>(lanes) ? k : static_cast<uint32_t>(lanes));
 }
 
 // The v3 block checksum's 32-bit words [*lo, *hi) of the tensor's bytes, and

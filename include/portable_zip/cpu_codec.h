@@ -131,42 +131,46 @@ inline uint32_t raw_chunk_checksum(const uint8_t* p, uint64_t c, uint64_t len) {
 }
 
 // The v3 rANS encode of one block's symbols (docs/FORMAT.md, "Interleaved
-// rANS"): lane k codes symbols 8k .. 8k+7 of each 256-symbol row in order,
-// one step per column, the lanes of a step in order. Words go to seg at
-// `prefix` as long as prefix + 2 * words stays under limit; returns false
-// (stored) when a step would reach it. Word stores are unconditional (a
-// renormalization is data-dependent: a branch on it mispredicts), and the
-// exact limit test runs only on steps that could reach it.
-inline bool rans_encode_rows(const uint8_t* syms, [[maybe_unused]] const uint8_t* cols, uint32_t n, const uint32_t* encsym,
-                             const rans::DivMagic* magic, uint8_t* seg, uint32_t prefix, uint64_t limit, uint32_t* x_io,
-                             uint64_t* words_out) {
+// rANS") with `lanes` lanes (32, or v4's 64): lane k codes symbols 8k .. 8k+7
+// of each row of 8 * lanes symbols in order, one step per column, the lanes
+// of a step in order. Words go to seg at `prefix` as long as prefix + 2 *
+// words stays under limit; returns false (stored) when a step would reach
+// it. Word stores are unconditional (a renormalization is data-dependent: a
+// branch on it mispredicts), and the exact limit test runs only on steps that
+// could reach it.
+inline bool rans_encode_rows(const uint8_t* syms, [[maybe_unused]] const uint8_t* cols, uint32_t n, int lanes,
+                             const uint32_t* encsym, const rans::DivMagic* magic, uint8_t* seg, uint32_t prefix,
+                             uint64_t limit, uint32_t* x_io, uint64_t* words_out) {
   // The states in a local array: the byte stores to seg may alias x_io, so a
   // state behind a pointer is reloaded after every word (half the speed when
   // this function is not inlined).
-  uint32_t x[kLanes];
-  memcpy(x, x_io, sizeof x);
+  uint32_t x[fmt::kWideLanes];
+  memcpy(x, x_io, 4 * lanes);
   uint64_t words = 0;
+  const uint32_t row_syms = fmt::row_symbols(lanes);
 #if defined(PZ_HOST_AVX2)
   uint32_t packed[2 * fmt::kNumSymbols];  // simd::build_enc_table
   if (cols) simd::build_enc_table(encsym, magic, packed);
 #endif
-  for (uint32_t row = 0; row < n; row += fmt::kRowSymbols) {
+  for (uint32_t row = 0; row < n; row += row_syms) {
     const uint8_t* r = syms + row;
-    const uint32_t left = std::min<uint32_t>(fmt::kRowSymbols, n - row);
+    const uint32_t left = std::min<uint32_t>(row_syms, n - row);
 #if defined(PZ_HOST_AVX2)
-    // A whole row far from the limit: at most 256 words, and 16 bytes of slack for the vector stores.
-    if (cols && left == fmt::kRowSymbols && prefix + 2 * (words + fmt::kRowSymbols) + 16 < limit) {
-      words += simd::encode_row(x, cols + row, packed, seg + prefix + 2 * words);
+    // A whole row far from the limit: at most one word a symbol, and 16 bytes of slack for the vector stores.
+    if (cols && left == row_syms && prefix + 2 * (words + row_syms) + 16 < limit) {
+      uint8_t* w = seg + prefix + 2 * words;
+      words += lanes == fmt::kLanes ? simd::encode_row<1>(x, cols + row, packed, w)
+                                    : simd::encode_row<2>(x, cols + row, packed, w);
       continue;
     }
 #endif
     for (int j = 0; j < fmt::kLaneRun; ++j) {
-      const int lanes = row_lanes(left, j);
-      if (prefix + 2 * (words + kLanes + 1) >= limit) {  // near the limit: count, then store only what is needed
+      const int active = row_lanes(left, j, lanes);
+      if (prefix + 2 * (words + lanes + 1) >= limit) {  // near the limit: count, then store only what is needed
         uint64_t count = 0;
-        for (int k = 0; k < lanes; ++k) count += rans::enc_renorm_needed(x[k], encsym[r[fmt::kLaneRun * k + j]] & 0xffff);
+        for (int k = 0; k < active; ++k) count += rans::enc_renorm_needed(x[k], encsym[r[fmt::kLaneRun * k + j]] & 0xffff);
         if (prefix + 2 * (words + count) >= limit) return false;
-        for (int k = 0; k < lanes; ++k) {
+        for (int k = 0; k < active; ++k) {
           const uint32_t sym = r[fmt::kLaneRun * k + j];
           const uint32_t es = encsym[sym];
           if (rans::enc_renorm_needed(x[k], es & 0xffff)) {
@@ -180,7 +184,7 @@ inline bool rans_encode_rows(const uint8_t* syms, [[maybe_unused]] const uint8_t
         continue;
       }
       uint8_t* w = seg + prefix + 2 * words;  // every store, the last unneeded one too, is below limit
-      for (int k = 0; k < lanes; ++k) {
+      for (int k = 0; k < active; ++k) {
         const uint32_t sym = r[fmt::kLaneRun * k + j];
         const uint32_t es = encsym[sym];
         const uint32_t need = rans::enc_renorm_needed(x[k], es & 0xffff);
@@ -193,7 +197,7 @@ inline bool rans_encode_rows(const uint8_t* syms, [[maybe_unused]] const uint8_t
       words = static_cast<uint64_t>(w - (seg + prefix)) / 2;
     }
   }
-  memcpy(x_io, x, sizeof x);
+  memcpy(x_io, x, 4 * lanes);
   *words_out = words;
   return true;
 }
@@ -322,22 +326,23 @@ uint64_t encode_block(const uint8_t* in, const fmt::Header& h, const fmt::Layout
   // table can pass before the prefix test sends it to stored mode.
   uint8_t table[1 + 32 + 2 * fmt::kNumSymbols];
   const int table_bytes = rans::write_table(freq, table);
-  const uint32_t prefix = rans::rans_prefix_bytes(table_bytes);
+  const int lanes = h.lanes;
+  const uint32_t prefix = rans::rans_prefix_bytes(table_bytes, lanes);
   if (prefix < limit) memcpy(seg + 1, table, table_bytes);
   uint32_t encsym[fmt::kNumSymbols];
   build_encsym(freq, encsym);
   rans::DivMagic magic[fmt::kNumSymbols];  // the GPU's exact divide, also faster than div here
   for (int s = 0; s < fmt::kNumSymbols; ++s) magic[s] = rans::div_magic(freq[s]);
-  uint32_t x[kLanes];
-  for (int k = 0; k < kLanes; ++k) x[k] = fmt::kStateLow;
+  uint32_t x[fmt::kWideLanes];
+  for (int k = 0; k < lanes; ++k) x[k] = fmt::kStateLow;
   uint64_t words = 0;
-  if (prefix >= limit || !rans_encode_rows(syms, cols, n, encsym, magic, seg, prefix, limit, x, &words))
+  if (prefix >= limit || !rans_encode_rows(syms, cols, n, lanes, encsym, magic, seg, prefix, limit, x, &words))
     return store_segment(seg, syms, n);
   seg[0] = fmt::kModeRans;
   const uint32_t wpos = static_cast<uint32_t>(fmt::align_up(1 + table_bytes, 4));
   memset(seg + 1 + table_bytes, 0, wpos - 1 - table_bytes);
   put_u32(seg + wpos, static_cast<uint32_t>(words));
-  for (int k = 0; k < kLanes; ++k) put_u32(seg + wpos + 4 + 4 * k, x[k]);
+  for (int k = 0; k < lanes; ++k) put_u32(seg + wpos + 4 + 4 * k, x[k]);
   return pad_segment(seg, prefix + 2 * words);
 }
 
@@ -356,7 +361,8 @@ struct RansSegment {
   uint8_t lookup[fmt::kProbScale];
   const uint8_t* wp;
   uint64_t words, rp;  // rp: the read position, words below it are still to be read
-  uint32_t x[kLanes];
+  int lanes;           // the header's
+  uint32_t x[fmt::kWideLanes];
 };
 
 // Parses the rANS segment (seg, seglen) of a block of n symbols into r.
@@ -366,22 +372,24 @@ inline uint32_t open_rans(const uint8_t* seg, uint64_t seglen, [[maybe_unused]] 
   const int table_bytes = rans::parse_table(seg + 1, seg + seglen, r->freq);
   if (table_bytes < 0) return kErrTable;
   build_encsym(r->freq, r->encsym);
+  r->lanes = h.lanes;
   r->dtab = nullptr;
+  const uint32_t row_syms = fmt::row_symbols(r->lanes);
 #if defined(PZ_HOST_AVX2)
-  if (simd::avx2_enabled() && h.version >= fmt::kContigVersion && n >= fmt::kRowSymbols) {
+  if (simd::avx2_enabled() && h.version >= fmt::kContigVersion && n >= row_syms) {
     simd::build_dec_table(r->freq, r->dtab_buf);
     r->dtab = r->dtab_buf;
   }
 #endif
-  if (!r->dtab || n % fmt::kRowSymbols)
+  if (!r->dtab || n % row_syms)
     for (int s = 0; s < fmt::kNumSymbols; ++s) memset(r->lookup + (r->encsym[s] >> 16), s, r->freq[s]);
   const uint64_t wpos = fmt::align_up(1 + table_bytes, 4);
-  const uint64_t prefix = rans::rans_prefix_bytes(table_bytes);
+  const uint64_t prefix = rans::rans_prefix_bytes(table_bytes, r->lanes);
   if (prefix > seglen) return kErrSegment;
   r->words = get_u32(seg + wpos);
   if (prefix + 2 * r->words > seglen) return kErrSegment;
   r->wp = seg + prefix;
-  for (int k = 0; k < kLanes; ++k) {
+  for (int k = 0; k < r->lanes; ++k) {
     r->x[k] = get_u32(seg + wpos + 4 + 4 * k);
     if (r->x[k] < fmt::kStateLow) return kErrStream;
   }
@@ -392,14 +400,14 @@ inline uint32_t open_rans(const uint8_t* seg, uint64_t seglen, [[maybe_unused]] 
 // A decoded segment must have read every word and left every lane at L.
 inline uint32_t close_rans(const RansSegment& r) {
   if (r.rp != 0) return kErrStream;
-  for (int k = 0; k < kLanes; ++k)
+  for (int k = 0; k < r.lanes; ++k)
     if (r.x[k] != fmt::kStateLow) return kErrStream;
   return 0;
 }
 
 #if defined(PZ_HOST_AVX2)
 inline simd::RowStream row_stream(RansSegment& r, const uint8_t* stream, const fmt::Layout& l) {
-  return {r.x, r.dtab, r.wp, r.words, r.rp, stream, stream + l.total};
+  return {r.x, r.dtab, r.wp, r.words, r.rp, stream, stream + l.total, fmt::row_symbols(r.lanes)};
 }
 #endif
 
@@ -410,22 +418,24 @@ inline simd::RowStream row_stream(RansSegment& r, const uint8_t* stream, const f
 // assignment of docs/FORMAT.md) and every step is one pass. False when the
 // words run out.
 inline bool rans_decode_rows(const uint8_t* stream, const fmt::Layout& l, RansSegment& r, uint32_t n, uint8_t* syms) {
-  const uint32_t rows = (n + fmt::kRowSymbols - 1) / fmt::kRowSymbols;
+  const uint32_t row_syms = fmt::row_symbols(r.lanes);
+  const uint32_t rows = (n + row_syms - 1) / row_syms;
   uint32_t* x = r.x;
   for (uint32_t row = rows; row-- > 0;) {
-    const uint32_t base = row * fmt::kRowSymbols;
-    const uint32_t left = std::min<uint32_t>(fmt::kRowSymbols, n - base);
+    const uint32_t base = row * row_syms;
+    const uint32_t left = std::min<uint32_t>(row_syms, n - base);
 #if defined(PZ_HOST_AVX2)
-    if (r.dtab && left == fmt::kRowSymbols) {
+    if (r.dtab && left == row_syms) {
       simd::RowStream st = row_stream(r, stream, l);
-      if (!simd::decode_row(st, syms + base)) return false;
+      if (!(r.lanes == fmt::kLanes ? simd::decode_row<1>(st, syms + base) : simd::decode_row<2>(st, syms + base)))
+        return false;
       r.rp = st.rp;
       continue;
     }
 #endif
     for (int j = fmt::kLaneRun - 1; j >= 0; --j) {
-      const int lanes = row_lanes(left, j);
-      for (int k = lanes - 1; k >= 0; --k) {
+      const int active = row_lanes(left, j, r.lanes);
+      for (int k = active - 1; k >= 0; --k) {
         const uint32_t slot = x[k] & (fmt::kProbScale - 1);
         const uint8_t sym = r.lookup[slot];
         const uint32_t es = r.encsym[sym];
@@ -543,7 +553,9 @@ uint32_t decode_pair(const uint8_t* stream, const fmt::Header& h, const fmt::Lay
                      int* done) {
   *done = 0;
 #if defined(PZ_HOST_AVX2)
-  if (!simd::avx2_enabled() || h.version < fmt::kContigVersion || h.codec != fmt::Codec::Rans) return 0;
+  // Wide (64-lane) blocks carry eight lane vectors of chains on their own.
+  if (!simd::avx2_enabled() || h.version < fmt::kContigVersion || h.codec != fmt::Codec::Rans || h.lanes != kLanes)
+    return 0;
   uint64_t sb[2], se[2];
   uint32_t n[2];
   for (int i = 0; i < 2; ++i) {
@@ -564,21 +576,21 @@ uint32_t decode_pair(const uint8_t* stream, const fmt::Header& h, const fmt::Lay
     --row[0], --row[1];
     uint8_t* at[2] = {syms[0] + row[0] * fmt::kRowSymbols, syms[1] + row[1] * fmt::kRowSymbols};
     if (simd::row_unchecked(st[0]) && simd::row_unchecked(st[1])) {
-      const unsigned failed = simd::decode_rows<false, 2>(st, at);
+      const unsigned failed = simd::decode_rows<false, 2, 1>(st, at);
       if (failed & 1) return kErrStream;
       if (failed & 2) err[1] = kErrStream;
       continue;
     }
-    if (!simd::decode_row(st[0], at[0])) return kErrStream;
-    if (!simd::decode_row(st[1], at[1])) err[1] = kErrStream;
+    if (!simd::decode_row<1>(st[0], at[0])) return kErrStream;
+    if (!simd::decode_row<1>(st[1], at[1])) err[1] = kErrStream;
   }
   while (row[0]) {
     --row[0];
-    if (!simd::decode_row(st[0], syms[0] + row[0] * fmt::kRowSymbols)) return kErrStream;
+    if (!simd::decode_row<1>(st[0], syms[0] + row[0] * fmt::kRowSymbols)) return kErrStream;
   }
   while (row[1] && !err[1]) {
     --row[1];
-    if (!simd::decode_row(st[1], syms[1] + row[1] * fmt::kRowSymbols)) err[1] = kErrStream;
+    if (!simd::decode_row<1>(st[1], syms[1] + row[1] * fmt::kRowSymbols)) err[1] = kErrStream;
   }
   r[0].rp = st[0].rp, r[1].rp = st[1].rp;
   join_symbols<D>(stream, h, l, b << h.block_log2, n[0], syms[0], out);

@@ -169,8 +169,9 @@ PZ_TARGET_AVX2 inline void build_dec_table(const uint16_t* freq, uint32_t* dtab)
   }
 }
 
-// One block's state in decode_rows: its 32 lane states, table, words (wp,
-// words) and read position rp; [lo, hi): the bytes it may read (the stream).
+// One block's state in decode_rows: its lane states, table, words (wp,
+// words) and read position rp; [lo, hi): the bytes it may read (the stream);
+// row: symbols per row (8 per lane).
 struct RowStream {
   uint32_t* xs;
   const uint32_t* dtab;
@@ -179,36 +180,40 @@ struct RowStream {
   uint64_t rp;
   const uint8_t* lo;
   const uint8_t* hi;
+  uint32_t row;
 };
 
-// Whether a row of s can run unchecked: a row takes at most 256 words, so its
-// 16-byte word loads lie in [wp + 2 rp - 512, wp + 2 rp + 16), which must be
-// readable. Words past the segment's end (the first rows) or below its start
-// (a corrupt stream: the row then reports it) are read but never used.
+// Whether a row of s can run unchecked: a row takes at most one word per
+// symbol, so its 16-byte word loads lie in [wp + 2 (rp - row), wp + 2 rp +
+// 16), which must be readable. Words past the segment's end (the first rows)
+// or below its start (a corrupt stream: the row then reports it) are read but
+// never used.
 inline bool row_unchecked(const RowStream& s) {
   const uintptr_t at = reinterpret_cast<uintptr_t>(s.wp) + 2 * s.rp;
-  return at >= reinterpret_cast<uintptr_t>(s.lo) + 2 * fmt::kRowSymbols && at + 16 <= reinterpret_cast<uintptr_t>(s.hi);
+  return at >= reinterpret_cast<uintptr_t>(s.lo) + 2 * s.row && at + 16 <= reinterpret_cast<uintptr_t>(s.hi);
 }
 
-// Decodes one full 256-symbol row of a v3 block in each of the S streams
-// (rans_decode_rows, scalar in cpu_codec.h): columns 7 .. 0, lane vectors
-// 3 .. 0, so the renormalizing lanes of a step take the words just below the
-// read position rp, in lane order. dtab: build_dec_table. syms[s][8k + j]
-// gets stream s's lane k's symbol of column j. Returns a mask of the
-// streams whose words ran out (checked rows stop there; unchecked ones, which
-// need row_unchecked, finish the row with words from outside the segment and
-// then report it). A lane's steps form one chain (a gather, a multiply, the
-// refill), so a block alone keeps only four chains in flight: S = 2 runs two
-// blocks' rows interleaved.
-template <bool kChecked, int S>
+// Decodes one full row of a v3 block (H 32-lane halves: 1, or 2 for v4's 64
+// lanes) in each of the S streams (rans_decode_rows, scalar in
+// cpu_codec.h): columns 7 .. 0, lane vectors 4H - 1 .. 0, so the
+// renormalizing lanes of a step take the words just below the read position
+// rp, in lane order. dtab: build_dec_table. syms[s][8k + j] gets stream s's
+// lane k's symbol of column j. Returns a mask of the streams whose words ran
+// out (checked rows stop there; unchecked ones, which need row_unchecked,
+// finish the row with words from outside the segment and then report it). A
+// lane's steps form one chain (a gather, a multiply, the refill), so a
+// 32-lane block alone keeps only four chains in flight: S = 2 runs two
+// blocks' rows interleaved, and a 64-lane block has eight of its own.
+template <bool kChecked, int S, int H>
 PZ_TARGET_AVX2 inline unsigned decode_rows(RowStream* st, uint8_t* const* syms) {
   static_assert(!kChecked || S == 1, "checked rows run one stream");
+  constexpr int V = 4 * H;  // lane vectors
   const LaneRanks& lr = lane_ranks();
-  __m256i X[S][4];
+  __m256i X[S][V];
   int64_t rp[S];  // below 0 (unchecked rows only): the words ran out
   for (int s = 0; s < S; ++s) {
     rp[s] = static_cast<int64_t>(st[s].rp);
-    for (int v = 0; v < 4; ++v) X[s][v] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(st[s].xs + 8 * v));
+    for (int v = 0; v < V; ++v) X[s][v] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(st[s].xs + 8 * v));
   }
   const __m256i slot_mask = _mm256_set1_epi32(fmt::kProbScale - 1), zero = _mm256_setzero_si256();
   const __m256i sixteen = _mm256_set1_epi32(16);
@@ -217,11 +222,12 @@ PZ_TARGET_AVX2 inline unsigned decode_rows(RowStream* st, uint8_t* const* syms) 
   const __m256i pick[4] = {_mm256_setr_epi32(k, o, o, o, k, o, o, o), _mm256_setr_epi32(o, k, o, o, o, k, o, o),
                            _mm256_setr_epi32(o, o, k, o, o, o, k, o), _mm256_setr_epi32(o, o, o, k, o, o, o, k)};
   const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-  alignas(32) uint8_t col[S][fmt::kLaneRun][fmt::kLanes];
+  alignas(32) uint8_t col[S][H][fmt::kLaneRun][fmt::kLanes];  // per half: cols_to_row's layout
   for (int j = fmt::kLaneRun - 1; j >= 0; --j) {
-    __m256i sy[S];
-    for (int s = 0; s < S; ++s) sy[s] = zero;
-    for (int v = 3; v >= 0; --v)
+    __m256i sy[S][H];
+    for (int s = 0; s < S; ++s)
+      for (int h = 0; h < H; ++h) sy[s][h] = zero;
+    for (int v = V - 1; v >= 0; --v)
       for (int s = 0; s < S; ++s) {
         const __m256i x = X[s][v];
         const __m256i e = _mm256_i32gather_epi32(reinterpret_cast<const int*>(st[s].dtab), _mm256_and_si256(x, slot_mask), 4);
@@ -245,25 +251,27 @@ PZ_TARGET_AVX2 inline unsigned decode_rows(RowStream* st, uint8_t* const* syms) 
         const __m256i w = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(w16),
                                               _mm256_load_si256(reinterpret_cast<const __m256i*>(lr.place[m])));
         X[s][v] = _mm256_or_si256(_mm256_sllv_epi32(y, _mm256_and_si256(need, sixteen)), w);
-        sy[s] = _mm256_or_si256(sy[s], _mm256_shuffle_epi8(e, pick[v]));
+        sy[s][v / 4] = _mm256_or_si256(sy[s][v / 4], _mm256_shuffle_epi8(e, pick[v % 4]));
       }
     for (int s = 0; s < S; ++s)
-      _mm256_store_si256(reinterpret_cast<__m256i*>(col[s][j]), _mm256_permutevar8x32_epi32(sy[s], order));
+      for (int h = 0; h < H; ++h)
+        _mm256_store_si256(reinterpret_cast<__m256i*>(col[s][h][j]), _mm256_permutevar8x32_epi32(sy[s][h], order));
   }
   unsigned failed = 0;
   for (int s = 0; s < S; ++s) {
-    for (int v = 0; v < 4; ++v) _mm256_storeu_si256(reinterpret_cast<__m256i*>(st[s].xs + 8 * v), X[s][v]);
+    for (int v = 0; v < V; ++v) _mm256_storeu_si256(reinterpret_cast<__m256i*>(st[s].xs + 8 * v), X[s][v]);
     if (rp[s] < 0) failed |= 1u << s;
     st[s].rp = static_cast<uint64_t>(rp[s] < 0 ? 0 : rp[s]);
-    cols_to_row(&col[s][0][0], syms[s]);
+    for (int h = 0; h < H; ++h) cols_to_row(&col[s][h][0][0], syms[s] + fmt::kRowSymbols * h);
   }
   return failed;
 }
 
 // One row of one stream, unchecked where row_unchecked allows. False when the
 // words run out.
+template <int H>
 PZ_TARGET_AVX2 inline bool decode_row(RowStream& st, uint8_t* syms) {
-  return (row_unchecked(st) ? decode_rows<false, 1>(&st, &syms) : decode_rows<true, 1>(&st, &syms)) == 0;
+  return (row_unchecked(st) ? decode_rows<false, 1, H>(&st, &syms) : decode_rows<true, 1, H>(&st, &syms)) == 0;
 }
 
 // The AVX2 encoder's table: rans::enc_entry per symbol, two words each.
@@ -275,16 +283,19 @@ inline void build_enc_table(const uint32_t* encsym, const rans::DivMagic* magic,
   }
 }
 
-// Encodes one full 256-symbol row of a v3 block (rans_encode_rows, scalar in
-// cpu_codec.h): columns 0 .. 7, lane vectors 0 .. 3, the words of a step's
-// renormalizing lanes stored in lane order at w. cols: the row column by
-// column (lane k's symbol of column j at 32j + k); enc: build_enc_table.
-// Returns the words written. The caller leaves room for 256 words plus 16
-// bytes (each vector stores 16).
+// Encodes one full row of a v3 block (H 32-lane halves: 1, or 2 for v4's
+// 64 lanes; rans_encode_rows, scalar in cpu_codec.h): columns 0 .. 7, lane
+// vectors 0 .. 4H - 1, the words of a step's renormalizing lanes stored in
+// lane order at w. cols: each 256-symbol half column by column (lane 32h + k's
+// symbol of column j at 256h + 32j + k); enc: build_enc_table. Returns the
+// words written. The caller leaves room for a word per symbol plus 16 bytes
+// (each vector stores 16).
+template <int H>
 PZ_TARGET_AVX2 inline uint32_t encode_row(uint32_t* xs, const uint8_t* cols, const uint32_t* enc, uint8_t* w) {
+  constexpr int V = 4 * H;
   const LaneRanks& lr = lane_ranks();
-  __m256i X[4];
-  for (int v = 0; v < 4; ++v) X[v] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs + 8 * v));
+  __m256i X[V];
+  for (int v = 0; v < V; ++v) X[v] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs + 8 * v));
   const __m256i g_bits = _mm256_set1_epi32(0xfff), c_bits = _mm256_set1_epi32(0x1fff);
   const __m256i top = _mm256_set1_epi32(fmt::kProbScale - 1), sixteen = _mm256_set1_epi32(16);
   // The low 16 bits of each 32-bit lane to the low 8 bytes of its half.
@@ -293,8 +304,9 @@ PZ_TARGET_AVX2 inline uint32_t encode_row(uint32_t* xs, const uint8_t* cols, con
   const int* tab = reinterpret_cast<const int*>(enc);
   uint8_t* const w0 = w;
   for (int j = 0; j < fmt::kLaneRun; ++j) {
-    for (int v = 0; v < 4; ++v) {
-      const __m256i sym = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(cols + 32 * j + 8 * v)));
+    for (int v = 0; v < V; ++v) {
+      const uint8_t* c = cols + fmt::kRowSymbols * (v / 4) + 32 * j + 8 * (v % 4);
+      const __m256i sym = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c)));
       const __m256i e = _mm256_i32gather_epi32(tab, sym, 8), mag = _mm256_i32gather_epi32(tab + 1, sym, 8);
       const __m256i g = _mm256_and_si256(e, g_bits);
       const __m256i cum = _mm256_and_si256(_mm256_srli_epi32(e, 12), c_bits);
@@ -316,7 +328,7 @@ PZ_TARGET_AVX2 inline uint32_t encode_row(uint32_t* xs, const uint8_t* cols, con
       X[v] = _mm256_add_epi32(_mm256_add_epi32(_mm256_mullo_epi32(q, g), xr), cum);
     }
   }
-  for (int v = 0; v < 4; ++v) _mm256_storeu_si256(reinterpret_cast<__m256i*>(xs + 8 * v), X[v]);
+  for (int v = 0; v < V; ++v) _mm256_storeu_si256(reinterpret_cast<__m256i*>(xs + 8 * v), X[v]);
   return static_cast<uint32_t>(w - w0) / 2;
 }
 

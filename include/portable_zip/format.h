@@ -1,4 +1,4 @@
-// The portable_zip wire format, version 3 (versions 1 and 2 still decode).
+// The portable_zip wire format, version 4 (versions 1 to 3 still decode).
 // docs/FORMAT.md is the byte-by-byte description; this header is its
 // executable form. All integers are little-endian. Nothing here depends on the
 // vendor or the warp width.
@@ -11,27 +11,40 @@ namespace pz::fmt {
 
 constexpr uint8_t kMagic[4] = {'P', 'Z', 'I', 'P'};
 constexpr uint32_t kMagicWord = 'P' | 'Z' << 8 | 'I' << 16 | static_cast<uint32_t>('P') << 24;  // device code reads this
-constexpr uint8_t kVersion = 3;     // what the encoder writes
+constexpr uint8_t kVersion = 4;     // what the encoder writes
 constexpr uint8_t kMinVersion = 1;  // the oldest the decoder reads (no checksums)
 // Version 3: a rANS lane codes runs of kLaneRun consecutive symbols (one
 // 16-byte vector of input), and block checksums hash 32-bit words.
 constexpr uint8_t kContigVersion = 3;
+// Version 4: the header's lane count may be 64 (rANS only): rows of 512
+// symbols, so each GPU lane carries two independent states (kWideLanes).
+constexpr uint8_t kWideVersion = 4;
 
-// rANS constants. The interleave width is part of the format, not the hardware.
+// rANS constants. The interleave width is part of the format, not the
+// hardware: kLanes, or (v4, rANS) kWideLanes, named in the header.
 constexpr int kLanes = 32;
+constexpr int kWideLanes = 64;
 constexpr int kProbBits = 12;
 constexpr uint32_t kProbScale = 1u << kProbBits;
 constexpr uint32_t kStateLow = 1u << 16;  // L: states live in [L, 2^32)
 constexpr int kNumSymbols = 256;
 constexpr int kLaneRun = 8;                     // v3: consecutive symbols per lane per row
-constexpr int kRowSymbols = kLanes * kLaneRun;  // v3: a row, kLaneRun steps
+constexpr int kRowSymbols = kLanes * kLaneRun;  // v3: a row, kLaneRun steps (of a 32-lane stream)
+constexpr int kMaxRowSymbols = kWideLanes * kLaneRun;
 static_assert(kLanes == kGroupLanes, "group width must equal the format's lane count");
 
 // Blocks hold 2^block_log2 symbols. The decoder accepts the whole range; the
 // encoder picks by size alone (choose_block_log2) so every backend agrees.
 constexpr int kMinBlockLog2 = 10;
 constexpr int kMaxBlockLog2 = 16;
-constexpr int kEncoderMaxBlockLog2 = 14;  // bounds the encoder's staging buffer
+constexpr int kEncoderMaxBlockLog2 = 15;  // bounds the encoder's staging and spill buffers
+// From kWideMinSymbols on, the rANS encoder codes blocks of 2^kWideBlockLog2
+// symbols with kWideLanes lanes: two states per GPU lane at the chain length
+// (and, measured, the ratio) of 2^14-symbol blocks with 32. Below it, twice
+// the work per block costs more latency than the second chain saves (bf16 at
+// 16 and 64 MiB measured slower; bench/NOTES.md, format v4).
+constexpr int kWideBlockLog2 = 15;
+constexpr uint64_t kWideMinSymbols = 1ull << 27;
 
 constexpr int kFixedHeaderBytes = 32;
 constexpr int kMaxDims = 16;
@@ -170,6 +183,7 @@ struct Header {
   uint64_t total_bytes = 0;  // the whole stream, header included
   uint64_t numel = 0;
   uint8_t block_log2 = 0;    // 0 for Codec::Raw
+  uint8_t lanes = kLanes;    // rANS interleave width: kLanes, or kWideLanes (v4)
   int64_t shape[kMaxDims] = {};
 };
 
@@ -230,12 +244,18 @@ PZ_HOST_DEVICE constexpr uint64_t max_segment_bytes(uint64_t nsym_in_block) {
 }
 
 // Deterministic block size from the symbol count alone: aim for >= 256
-// blocks (parallelism) but never below 2^12 symbols (table/state overhead).
-inline int choose_block_log2(uint64_t nsym) {
+// blocks (parallelism) but never below 2^12 symbols (table/state overhead),
+// up to 2^14; rANS from kWideMinSymbols on: kWideBlockLog2 (with kWideLanes
+// lanes; plan_header says which dtypes).
+inline int choose_block_log2(uint64_t nsym, Codec codec = Codec::Rans) {
+  if (codec == Codec::Rans && nsym >= kWideMinSymbols) return kWideBlockLog2;
   int lg = 12;
-  while (lg < kEncoderMaxBlockLog2 && (nsym >> (lg + 1)) >= 256) ++lg;
+  while (lg < kWideBlockLog2 - 1 && (nsym >> (lg + 1)) >= 256) ++lg;
   return lg;
 }
+
+// Symbols per rANS row: kLaneRun per lane.
+PZ_HOST_DEVICE constexpr uint32_t row_symbols(int lanes) { return static_cast<uint32_t>(lanes) * kLaneRun; }
 
 // The header the encoder writes for a tensor (total_bytes filled in later).
 inline Header plan_header(DType d, uint64_t numel, const int64_t* shape, int ndim, Codec codec = Codec::Rans) {
@@ -246,7 +266,10 @@ inline Header plan_header(DType d, uint64_t numel, const int64_t* shape, int ndi
   for (int i = 0; i < ndim; ++i) h.shape[i] = shape[i];
   if (is_coded(d) && numel > 0 && codec != Codec::Raw) {
     h.codec = codec;
-    h.block_log2 = static_cast<uint8_t>(choose_block_log2(num_symbols(d, numel)));
+    // fp32 stays at 32 lanes: its 64-lane decoder measured slower (bench/NOTES.md, format v4).
+    const bool wide = codec == Codec::Rans && d != DType::Float32;
+    h.block_log2 = static_cast<uint8_t>(choose_block_log2(num_symbols(d, numel), wide ? codec : Codec::Fixed));
+    h.lanes = wide && h.block_log2 == kWideBlockLog2 ? kWideLanes : kLanes;
   }
   return h;
 }
@@ -289,7 +312,7 @@ inline void write_header(const Header& h, uint8_t* out) {
   put_u64(out + 16, h.numel);
   out[24] = h.block_log2;
   out[25] = kProbBits;
-  out[26] = kLanes;
+  out[26] = h.lanes;
   for (int d = 0; d < h.ndim; ++d) put_u64(out + kFixedHeaderBytes + 8 * d, static_cast<uint64_t>(h.shape[d]));
   if (h.version >= 2) put_u32(out + kHeaderSumOffset, header_checksum(out, l.header_bytes, h.total_bytes));
 }
@@ -357,8 +380,12 @@ PZ_HOST_DEVICE inline ParseError parse_header(const uint8_t* p, uint64_t head_le
   h->total_bytes = get_u64(p + 8);
   h->numel = get_u64(p + 16);
   h->block_log2 = p[24];
+  h->lanes = p[26];
   // Byte 27 is zero; bytes 28..31 are zero in v1 and the header checksum in v2.
-  if (p[25] != kProbBits || p[26] != kLanes || p[27] != 0 || (h->version < 2 && get_u64(p + 24) >> 32 != 0))
+  // Lanes: 32, or 64 for a v4 rANS stream.
+  const bool wide = h->lanes == kWideLanes && h->version >= kWideVersion && h->codec == Codec::Rans;
+  if (p[25] != kProbBits || (h->lanes != kLanes && !wide) || p[27] != 0 ||
+      (h->version < 2 && get_u64(p + 24) >> 32 != 0))
     return ParseError::BadParams;
   if (h->codec != Codec::Raw) {
     if (!is_coded(h->dtype) || h->block_log2 < kMinBlockLog2 || h->block_log2 > kMaxBlockLog2)

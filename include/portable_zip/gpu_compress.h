@@ -174,11 +174,6 @@ PZ_DEVICE PZ_FORCE_INLINE uint32_t chunk_checksum(const RawChunk<D>& r, uint32_t
   return s;
 }
 
-template <bool B>
-struct Flag {
-  static constexpr bool value = B;
-};
-
 // Calls f(Flag<true>{}) for a full block (no bounds tests in its loops), else
 // f(Flag<false>{}).
 template <fmt::DType D, class F>
@@ -187,58 +182,80 @@ PZ_DEVICE PZ_FORCE_INLINE void by_fullness(const fmt::Header& h, uint64_t first,
   else f(Flag<false>{});
 }
 
-// Pass 2 driver: calls f(idx, sym, valid) for the block's symbols step by
-// step, 8 steps per 256-symbol row, from row_begin (a multiple of 256), and
+// Pass 2 driver: calls f(idx, sym, valid, s) for the block's symbols step by
+// step, 8 steps per row, from row_begin (a multiple of the row), and
 // row_done() after each row, stopping when it returns true (group-uniform).
-// Returns the symbol where it stopped (>= n when the block is done). A row is
-// loaded as one 8-symbol chunk per lane. Contig (format v3 rANS): lane L codes its own chunk, symbol
-// row + 8L + k at step k, straight from its registers. Otherwise (v1/v2
-// layout, the fixed code) the chunks are redistributed with shuffles so lane
-// L gets symbol row + 32k + L. The next two rows' chunks are in flight while
-// a row is coded. Steps have no branches (a full block has no bounds tests at
-// all), so the compiler can overlap one step's symbol fetch with the previous
-// step's state update.
-template <fmt::DType D, bool Aligned, bool Full, bool Contig, class F, class R>
+// Returns the symbol where it stopped (>= n when the block is done). Contig
+// (v3 rANS rows, S states a lane: 32 * S format lanes): a row is 256 * S
+// symbols, lane L's state s codes symbol row + 256 s + 8L + k at step k,
+// straight from its registers, states in order within a step (the format's
+// lane order). Otherwise (v1/v2 layout, the fixed code; S = 1) a 256-symbol
+// row's chunks are redistributed with shuffles so lane L gets symbol row +
+// 32k + L. A lane loads one 8-symbol chunk per state per row; the next rows'
+// chunks (two rows of one state, one row of two) are in flight while a row is
+// coded. Steps have no branches (a full block has no bounds tests at all), so
+// the compiler can overlap one step's symbol fetch with the previous step's
+// state update, and the states' chains with each other.
+template <fmt::DType D, bool Aligned, bool Full, bool Contig, int S, class F, class R>
 PZ_DEVICE PZ_FORCE_INLINE uint32_t for_each_step(const CompressParams& p, uint64_t first, uint32_t n, uint32_t row_begin, F&& f,
                                                  R&& row_done) {
   using T = FloatTraits<D>;
+  static_assert(Contig || S == 1, "strided rows have one state");
+  static_assert(kChunkSyms == fmt::kLaneRun, "a v3 lane's run is one chunk");
+  constexpr int kAhead = S == 1 ? 2 : 1;                    // rows in flight
+  constexpr uint32_t kHalf = fmt::kLanes * kChunkSyms;      // one state's part of a row
+  constexpr uint32_t kRow = kHalf * S;
   const fmt::Header& h = p.h;
   const int lane = group_lane();
-  constexpr uint32_t kRow = fmt::kLanes * kChunkSyms;
-  static_assert(kChunkSyms == fmt::kLaneRun, "a v3 lane's run is one chunk");
-  RawChunk<D> next1{}, next2{};
   auto in_range = [&](uint32_t i) { return Full ? i + kChunkSyms <= n : chunk_in_range<D>(h, first, i, n); };
-  const uint32_t mine0 = row_begin + lane * kChunkSyms;
-  if (Aligned && in_range(mine0)) next1 = load_raw<D>(p.in, first + mine0);
-  if (Aligned && in_range(mine0 + kRow)) next2 = load_raw<D>(p.in, first + mine0 + kRow);
+  RawChunk<D> ahead[kAhead][S] = {};
+  auto load_row = [&](uint32_t row, RawChunk<D>* dst) {
+#pragma unroll
+    for (int s = 0; s < S; ++s) {
+      const uint32_t i = row + s * kHalf + lane * kChunkSyms;
+      if (Aligned && in_range(i)) dst[s] = load_raw<D>(p.in, first + i);
+    }
+  };
+#pragma unroll
+  for (int a = 0; a < kAhead; ++a) load_row(row_begin + a * kRow, ahead[a]);
   uint32_t row = row_begin;
   for (; row < n; row += kRow) {
-    uint32_t lo = 0, hi = 0;
-    const uint32_t mine = row + lane * kChunkSyms;
-    const bool vec = Aligned && in_range(mine);
-    const RawChunk<D> cur = next1;
-    next1 = next2;
-    const uint32_t ahead = mine + 2 * kRow;
-    if (Aligned && in_range(ahead)) next2 = load_raw<D>(p.in, first + ahead);
-    if (vec) {
-      const Chunk<D> c = split_chunk<D>(cur);
-      lo = c.sym[0];
-      hi = c.sym[1];
-    } else {
-      for (int k = 0; k < kChunkSyms; ++k)
-        if (mine + k < n) {
-          const uint32_t sy = T::split(p.in, first + mine + k, h.numel).sym;
-          (k < 4 ? lo : hi) |= sy << (8 * (k & 3));
-        }
+    RawChunk<D> cur[S];
+#pragma unroll
+    for (int s = 0; s < S; ++s) cur[s] = ahead[0][s];
+#pragma unroll
+    for (int a = 0; a + 1 < kAhead; ++a)
+#pragma unroll
+      for (int s = 0; s < S; ++s) ahead[a][s] = ahead[a + 1][s];
+    load_row(row + kAhead * kRow, ahead[kAhead - 1]);
+    uint32_t lo[S], hi[S];
+#pragma unroll
+    for (int s = 0; s < S; ++s) {
+      const uint32_t mine = row + s * kHalf + lane * kChunkSyms;
+      lo[s] = hi[s] = 0;
+      if (Aligned && in_range(mine)) {
+        const Chunk<D> c = split_chunk<D>(cur[s]);
+        lo[s] = c.sym[0];
+        hi[s] = c.sym[1];
+      } else {
+        for (int k = 0; k < kChunkSyms; ++k)
+          if (mine + k < n) {
+            const uint32_t sy = T::split(p.in, first + mine + k, h.numel).sym;
+            (k < 4 ? lo[s] : hi[s]) |= sy << (8 * (k & 3));
+          }
+      }
     }
 #pragma unroll
     for (int k = 0; k < kChunkSyms; ++k) {
       if constexpr (Contig) {
-        const uint32_t idx = mine + k;
-        f(idx, ((k < 4 ? lo : hi) >> (8 * (k & 3))) & 0xff, Full || idx < n);
+#pragma unroll
+        for (int s = 0; s < S; ++s) {
+          const uint32_t idx = row + s * kHalf + lane * kChunkSyms + k;
+          f(idx, ((k < 4 ? lo[s] : hi[s]) >> (8 * (k & 3))) & 0xff, Full || idx < n, s);
+        }
       } else {
         const uint32_t idx = row + k * fmt::kLanes + lane;
-        f(idx, row_byte(lo, hi, k), Full || idx < n);
+        f(idx, row_byte(lo[0], hi[0], k), Full || idx < n, 0);
       }
     }
     if (row_done()) return row + kRow;
@@ -248,7 +265,7 @@ PZ_DEVICE PZ_FORCE_INLINE uint32_t for_each_step(const CompressParams& p, uint64
 
 // Where a block's segment is at look-back time. Staged: all of it is in the
 // staging buffer. Stored: nothing is (the symbols are split again at copy-out).
-// Overflow: rANS, its first kStagingBytes are staged and the rest is in the
+// Overflow: rANS, its first staging-buffer bytes are staged and the rest is in the
 // group's spill slot; the fixed code, the prefix is staged and the body is
 // encoded into the output.
 enum SegmentKind : uint32_t { kStaged = 0, kStoredLate = 1, kOverflow = 2 };
@@ -257,49 +274,53 @@ struct Segment {
   uint32_t kind;
 };
 
-// The rANS encode loop: words go to wbuf while below cap, then to spill (a
-// word count past the block's limit makes it stored). Rows run without the
-// spill test while a whole row's words (at most kRowSymbols) fit below cap.
-// Returns the final states and the total word count; *stored tells whether
-// the words reached the limit.
-template <fmt::DType D, bool Aligned>
+// The rANS encode loop, S states a lane (the header's lanes / 32): words go
+// to wbuf while below cap, then to spill (a word count past the block's
+// limit makes it stored). Rows run without the spill test while a whole
+// row's words (at most one a symbol) fit below cap. Returns the final states
+// (x_out[s]: format lane 32 s + this lane) and the total word count; *stored
+// tells whether the words reached the limit.
+template <fmt::DType D, bool Aligned, int S>
 PZ_DEVICE PZ_FORCE_INLINE void rans_loop(const CompressParams& p, uint64_t first, uint32_t n, const uint2* enc,
                                          uint16_t* wbuf, uint32_t cap, uint16_t* spill, uint32_t prefix, uint32_t limit,
                                          uint32_t* x_out, uint32_t* words_out, bool* stored) {
   const uint32_t lt = group_lanemask_lt();
-  uint32_t x = fmt::kStateLow, words = 0;
-  auto step = [&](uint32_t sym, bool valid, auto spilling) {
+  uint32_t x[S], words = 0;
+#pragma unroll
+  for (int s = 0; s < S; ++s) x[s] = fmt::kStateLow;
+  auto step = [&](uint32_t sym, bool valid, int s, auto spilling) {
     const uint2 e = enc[sym];  // rans::enc_entry
-    const bool need = valid && rans::enc_entry_renorm(x, e.x);
+    const bool need = valid && rans::enc_entry_renorm(x[s], e.x);
     const uint32_t ballot = group_ballot(need);
     const uint32_t pos = words + popc32(ballot & lt);
     if constexpr (decltype(spilling)::value) {
-      if (need && pos < cap) wbuf[pos] = static_cast<uint16_t>(x);
-      if (need && pos >= cap) spill[pos - cap] = static_cast<uint16_t>(x);
+      if (need && pos < cap) wbuf[pos] = static_cast<uint16_t>(x[s]);
+      if (need && pos >= cap) spill[pos - cap] = static_cast<uint16_t>(x[s]);
     } else {
-      if (need) wbuf[pos] = static_cast<uint16_t>(x);
+      if (need) wbuf[pos] = static_cast<uint16_t>(x[s]);
     }
-    x = need ? x >> 16 : x;
+    const uint32_t xr = need ? x[s] >> 16 : x[s];
     words += popc32(ballot);
-    const uint32_t y = rans::enc_entry_put(x, e.x, e.y);
-    x = valid ? y : x;
+    const uint32_t y = rans::enc_entry_put(xr, e.x, e.y);
+    x[s] = valid ? y : xr;
   };
-  auto staged = [&](uint32_t, uint32_t sym, bool valid) { step(sym, valid, Flag<false>{}); };
-  auto spilled = [&](uint32_t, uint32_t sym, bool valid) { step(sym, valid, Flag<true>{}); };
+  auto staged = [&](uint32_t, uint32_t sym, bool valid, int s) { step(sym, valid, s, Flag<false>{}); };
+  auto spilled = [&](uint32_t, uint32_t sym, bool valid, int s) { step(sym, valid, s, Flag<true>{}); };
   auto row_done = [&] { return *stored = prefix + 2 * words >= limit; };
-  auto row_fits = [&] { return row_done() || words + fmt::kRowSymbols > cap; };
+  auto row_fits = [&] { return row_done() || words + S * fmt::kRowSymbols > cap; };
   by_fullness<D>(p.h, first, n, [&](auto full) {
     constexpr bool Full = decltype(full)::value;
-    const uint32_t row = for_each_step<D, Aligned, Full, true>(p, first, n, 0, staged, row_fits);
-    if (!*stored && row < n) for_each_step<D, Aligned, Full, true>(p, first, n, row, spilled, row_done);
+    const uint32_t row = for_each_step<D, Aligned, Full, true, S>(p, first, n, 0, staged, row_fits);
+    if (!*stored && row < n) for_each_step<D, Aligned, Full, true, S>(p, first, n, row, spilled, row_done);
   });
-  *x_out = x;
+#pragma unroll
+  for (int s = 0; s < S; ++s) x_out[s] = x[s];
   *words_out = words;
 }
 
 // rANS body of a block: table and encode table, then the encode into the
 // staging buffer and, past it, the spill slot.
-template <fmt::DType D, bool Aligned>
+template <fmt::DType D, bool Aligned, int S, uint32_t kStage>
 PZ_DEVICE Segment encode_rans(const CompressParams& p, uint64_t first, uint32_t n, const uint32_t* counts, uint2* enc,
                               uint16_t* freq, uint8_t* buf, uint8_t* spill) {
   const int lane = group_lane();
@@ -315,18 +336,19 @@ PZ_DEVICE Segment encode_rans(const CompressParams& p, uint64_t first, uint32_t 
     cum += f8[k];
   }
   group_sync();
-  // 32-bit bookkeeping: a segment is at most 1 + 2^14 bytes.
-  const uint32_t prefix = rans::rans_prefix_bytes(table_bytes);
+  // 32-bit bookkeeping: a segment is at most 1 + 2^15 bytes.
+  const uint32_t prefix = rans::rans_prefix_bytes(table_bytes, S * fmt::kLanes);
   const uint32_t limit = 1u + n;
   if (prefix >= limit) return {0, kStoredLate};
-  static_assert(fmt::align_up(1 + kMaxTableBytes, 4) + 4 + 4 * fmt::kLanes + 2 * fmt::kRowSymbols <= kStagingBytes &&
-                    kStagingBytes % 4 == 0,
-                "the prefix and a row's words are staged, and the staged words fill the buffer exactly");
-  const uint32_t room = (kStagingBytes - prefix) / 2;  // the prefix is a multiple of 4
-  uint32_t x, words;
+  static_assert(fmt::align_up(1 + kMaxTableBytes, 4) + 4 + 4 * fmt::kWideLanes + 2 * fmt::kMaxRowSymbols <= kStage &&
+                    kStage % 16 == 0 && kStage >= kStagingBytes,
+                "the prefix and a row's words are staged, the staged words fill the buffer exactly, and the "
+                "spill slot holds the rest");
+  const uint32_t room = (kStage - prefix) / 2;  // the prefix is a multiple of 4
+  uint32_t x[S], words;
   bool stored = false;
-  rans_loop<D, Aligned>(p, first, n, enc, reinterpret_cast<uint16_t*>(buf + prefix), room,
-                        reinterpret_cast<uint16_t*>(spill), prefix, limit, &x, &words, &stored);
+  rans_loop<D, Aligned, S>(p, first, n, enc, reinterpret_cast<uint16_t*>(buf + prefix), room,
+                           reinterpret_cast<uint16_t*>(spill), prefix, limit, x, &words, &stored);
   if (stored) return {0, kStoredLate};
   const uint32_t wpos = static_cast<uint32_t>(fmt::align_up(1 + table_bytes, 4));
   if (lane == 0) {
@@ -334,9 +356,10 @@ PZ_DEVICE Segment encode_rans(const CompressParams& p, uint64_t first, uint32_t 
     for (uint32_t i = 1 + table_bytes; i < wpos; ++i) buf[i] = 0;
     put_u32(buf + wpos, words);
   }
-  reinterpret_cast<uint32_t*>(buf + wpos + 4)[lane] = x;
+#pragma unroll
+  for (int s = 0; s < S; ++s) reinterpret_cast<uint32_t*>(buf + wpos + 4)[fmt::kLanes * s + lane] = x[s];
   const uint32_t used = prefix + 2 * words;  // < limit
-  return {used, used <= kStagingBytes ? kStaged : kOverflow};
+  return {used, used <= kStage ? kStaged : kOverflow};
 }
 
 // The fixed code's bit planes and escapes of one block, written to planes/esc.
@@ -346,7 +369,7 @@ PZ_DEVICE PZ_FORCE_INLINE void fixed_loop(const CompressParams& p, uint64_t firs
   const int lane = group_lane();
   const uint32_t lt = group_lanemask_lt();
   uint32_t e = 0;
-  auto step = [&](uint32_t idx, uint32_t sym, bool valid) {
+  auto step = [&](uint32_t idx, uint32_t sym, bool valid, int) {
     const uint32_t c = valid ? code[sym] : 0;
     const uint32_t b0 = group_ballot(c & 1), b1 = group_ballot(c & 2), b2 = group_ballot(c & 4);
     const uint32_t eb = group_ballot(c == fmt::kFixedEscape);
@@ -358,7 +381,7 @@ PZ_DEVICE PZ_FORCE_INLINE void fixed_loop(const CompressParams& p, uint64_t firs
   };
   auto never = [] { return false; };
   by_fullness<D>(p.h, first, n, [&](auto full) {
-    for_each_step<D, Aligned, decltype(full)::value, false>(p, first, n, 0, step, never);
+    for_each_step<D, Aligned, decltype(full)::value, false, 1>(p, first, n, 0, step, never);
   });
 }
 
@@ -404,10 +427,10 @@ PZ_DEVICE Segment encode_fixed(const CompressParams& p, uint64_t first, uint32_t
 }
 
 // Encodes block b into the group's staging buffer (split, histogram, table,
-// coded body) and writes its raw planes. Returns where its segment is.
-template <fmt::DType D, bool Aligned, fmt::Codec C>
-PZ_DEVICE Segment encode_block(const CompressParams& p, const fmt::Layout& l, uint64_t b, CompressSmem& s,
-                               uint8_t* spill) {
+// coded body) and writes its raw planes. Returns where its segment is. S:
+// rANS states a lane (format lanes / 32), 0 to take it from the header.
+template <fmt::DType D, bool Aligned, fmt::Codec C, int S, class Smem>
+PZ_DEVICE Segment encode_block(const CompressParams& p, const fmt::Layout& l, uint64_t b, Smem& s, uint8_t* spill) {
   using T = FloatTraits<D>;
   constexpr bool plane16 = fmt::has_plane16(D);
   const fmt::Header& h = p.h;
@@ -420,7 +443,7 @@ PZ_DEVICE Segment encode_block(const CompressParams& p, const fmt::Layout& l, ui
   const uint64_t first = b << h.block_log2;
   const uint32_t n = fmt::block_symbols(h, l, b);
 
-  // Pass 1: split, histogram, raw planes. Two lanes see at most 2^14 / 16
+  // Pass 1: split, histogram, raw planes. Two lanes see at most 2^15 / 16
   // symbols of a block, so two 16-bit counters share a word.
   group_sync();  // the previous block's segment has left the staging buffer
   for (uint32_t i = lane; i < kHistBytes / 16; i += fmt::kLanes) reinterpret_cast<uint4*>(hist)[i] = make_uint4(0, 0, 0, 0);
@@ -492,7 +515,10 @@ PZ_DEVICE Segment encode_block(const CompressParams& p, const fmt::Layout& l, ui
   group_sync();
   Segment seg;
   if constexpr (C == fmt::Codec::Fixed) seg = encode_fixed<D, Aligned>(p, first, n, counts, reinterpret_cast<uint8_t*>(freq), buf);
-  else seg = encode_rans<D, Aligned>(p, first, n, counts, enc, freq, buf, spill);
+  else if constexpr (S == 0)
+    seg = h.lanes == fmt::kWideLanes ? encode_rans<D, Aligned, 2, Smem::kStaging>(p, first, n, counts, enc, freq, buf, spill)
+                                     : encode_rans<D, Aligned, 1, Smem::kStaging>(p, first, n, counts, enc, freq, buf, spill);
+  else seg = encode_rans<D, Aligned, S, Smem::kStaging>(p, first, n, counts, enc, freq, buf, spill);
   group_sync();
   if (seg.kind == kStaged)  // zero padding, copied out with the segment
     for (uint32_t i = seg.used + lane; i < fmt::align_up(seg.used, fmt::kAlign); i += fmt::kLanes) buf[i] = 0;
@@ -503,8 +529,8 @@ PZ_DEVICE Segment encode_block(const CompressParams& p, const fmt::Layout& l, ui
 // Writes block b's segment at dst (16-byte aligned): from the staging buffer
 // (and the spill slot), or split again (stored), or the staged prefix plus an
 // encode of the fixed-code body. Zero padding to `padded`.
-template <fmt::DType D, bool Aligned, fmt::Codec C>
-PZ_DEVICE void write_segment(const CompressParams& p, const fmt::Layout& l, uint64_t b, const CompressSmem& s, Segment seg,
+template <fmt::DType D, bool Aligned, fmt::Codec C, class Smem>
+PZ_DEVICE void write_segment(const CompressParams& p, const fmt::Layout& l, uint64_t b, const Smem& s, Segment seg,
                              uint64_t padded, uint8_t* dst, const uint8_t* spill) {
   using T = FloatTraits<D>;
   const int lane = group_lane();
@@ -514,7 +540,7 @@ PZ_DEVICE void write_segment(const CompressParams& p, const fmt::Layout& l, uint
   const uint32_t n = fmt::block_symbols(p.h, l, b);
   uint32_t used = seg.used;
   if (seg.kind == kStaged || (C == fmt::Codec::Rans && seg.kind == kOverflow)) {
-    const uint32_t staged = seg.kind == kStaged ? static_cast<uint32_t>(padded) : kStagingBytes;
+    const uint32_t staged = seg.kind == kStaged ? static_cast<uint32_t>(padded) : Smem::kStaging;
     for (uint32_t i = lane; i < staged / 16; i += fmt::kLanes)
       reinterpret_cast<uint4*>(dst)[i] = reinterpret_cast<const uint4*>(buf)[i];
     // The spilled words, their last vector's bytes past `used` zeroed.
@@ -541,7 +567,7 @@ PZ_DEVICE void write_segment(const CompressParams& p, const fmt::Layout& l, uint
 }
 
 // One ticket of one tensor: encode its blocks, look back, write the segments.
-template <fmt::DType D, bool Aligned, fmt::Codec C>
+template <fmt::DType D, bool Aligned, fmt::Codec C, int S>
 PZ_DEVICE PZ_FORCE_INLINE void compress_ticket(const CompressParams& p, uint64_t ticket, uint8_t* smem, uint8_t* spill,
                                                uint64_t* cta_size, uint64_t* cta_excl) {
   constexpr bool plane16 = fmt::has_plane16(D);
@@ -549,11 +575,12 @@ PZ_DEVICE PZ_FORCE_INLINE void compress_ticket(const CompressParams& p, uint64_t
   const fmt::Layout l = fmt::layout_of(h);
   const int lane = group_lane();
   const int group = static_cast<int>(threadIdx.x) / fmt::kLanes;
-  CompressSmem& s = reinterpret_cast<CompressSmem*>(smem)[group];
+  using Smem = CompressSmem<S == 0 ? kStagingBytes : compress_staging(S * fmt::kLanes, false)>;
+  Smem& s = reinterpret_cast<Smem*>(smem)[group];
     const uint64_t b = ticket * kGroupsPerCta + group;
     const bool active = b < l.nblocks;
     Segment seg{0, kStaged};
-    if (active) seg = encode_block<D, Aligned, C>(p, l, b, s, spill);
+    if (active) seg = encode_block<D, Aligned, C, S, Smem>(p, l, b, s, spill);
     const uint64_t padded = !active ? 0
                             : seg.kind == kStoredLate ? fmt::max_segment_bytes(fmt::block_symbols(h, l, b))
                                                       : fmt::align_up(seg.used, fmt::kAlign);
@@ -569,7 +596,7 @@ PZ_DEVICE PZ_FORCE_INLINE void compress_ticket(const CompressParams& p, uint64_t
     if (active) {
       uint64_t excl = *cta_excl;
       for (int g = 0; g < group; ++g) excl += cta_size[g];
-      write_segment<D, Aligned, C>(p, l, b, s, seg, padded, p.out + l.coded_begin + excl, spill);
+      write_segment<D, Aligned, C, Smem>(p, l, b, s, seg, padded, p.out + l.coded_begin + excl, spill);
       if (lane == 0) *reinterpret_cast<uint64_t*>(p.out + l.offsets_begin + 8 * b) = excl + padded;
       if (b == 0) {
         // Header (minus the total, which the last block owns) and the zero gaps.
@@ -597,17 +624,20 @@ PZ_DEVICE PZ_FORCE_INLINE void compress_ticket(const CompressParams& p, uint64_t
 // A persistent CTA takes tickets until the blocks run out. Single tensor:
 // ticket t encodes blocks t*kGroupsPerCta + group, its parameters read from
 // the launch itself. Batched: the ticket first picks its tensor, whose
-// parameters are staged in shared memory. Tickets are handed out in order,
+// parameters are staged in shared memory. S: rANS states a lane, fixed by the
+// single-tensor kernels' instantiation, taken from each tensor's header in a
+// batch (S = 0: both coders in one kernel, so one launch serves tensors of
+// any size). Tickets are handed out in order,
 // so every look-back waits only on CTAs already running. The look-back runs
 // per CTA, by group 0 only: on wave64 both groups share one wave, so no group
 // may spin on a result its wave-mate has yet to produce.
-template <fmt::DType D, bool Aligned, fmt::Codec C, bool Batched>
+template <fmt::DType D, bool Aligned, fmt::Codec C, bool Batched, int S>
 PZ_DEVICE PZ_FORCE_INLINE void compress_kernel(CompressLaunch launch) {
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ uint64_t cta_ticket;
   __shared__ uint64_t cta_size[kGroupsPerCta];
   __shared__ uint64_t cta_excl;
-  // This group's spill slot (rANS): the grid is at most kSpillCtas CTAs.
+  // This group's spill slot (rANS): the launcher gives each CTA of the grid its slots.
   uint8_t* spill = C != fmt::Codec::Rans ? nullptr
                   : launch.spill + (static_cast<uint64_t>(blockIdx.x) * kGroupsPerCta + threadIdx.x / fmt::kLanes) * kSpillBytes;
   if constexpr (!Batched) {
@@ -617,7 +647,7 @@ PZ_DEVICE PZ_FORCE_INLINE void compress_kernel(CompressLaunch launch) {
       __syncthreads();
       const uint64_t ticket = cta_ticket;
       if (ticket >= tickets) return;  // CTA-uniform
-      compress_ticket<D, Aligned, C>(launch.one, ticket, smem, spill, cta_size, &cta_excl);
+      compress_ticket<D, Aligned, C, S>(launch.one, ticket, smem, spill, cta_size, &cta_excl);
       __syncthreads();  // cta_ticket, cta_size and the staging buffers are reused
     }
   } else {
@@ -643,7 +673,7 @@ PZ_DEVICE PZ_FORCE_INLINE void compress_kernel(CompressLaunch launch) {
         current = lo;
         __syncthreads();
       }
-      compress_ticket<D, Aligned, C>(job, ticket, smem, spill, cta_size, &cta_excl);
+      compress_ticket<D, Aligned, C, S>(job, ticket, smem, spill, cta_size, &cta_excl);
       __syncthreads();  // cta_ticket, cta_size, job and the staging buffers are reused
     }
   }

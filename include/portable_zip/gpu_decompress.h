@@ -233,33 +233,40 @@ PZ_DEVICE PZ_FORCE_INLINE bool rans_strided(const DecompressParams& p, uint64_t 
   return !bad && rp == 0;
 }
 
-// The v3 rANS decode loop of one block: lane L decodes symbols row + 8L + 7
-// down to row + 8L of each 256-symbol row, last row first, into registers,
-// then writes its 8 elements with one or two 16-byte stores and hashes their
-// words for the checksum. The raw bits of the next row (one 8-byte load, fp32
-// two more 16-byte loads) are in flight while a row decodes. A word-count
-// underflow (corrupt stream) is recorded and the read position clamped, so
-// reads stay inside the segment without a branch. Returns false when the
-// words do not add up.
-template <fmt::DType D, bool Full>
+// The v3 rANS decode loop of one block, S states a lane (format lanes =
+// 32 S): lane L's state s decodes symbols row + 256 s + 8L + 7 down to row +
+// 256 s + 8L of each row of 256 S symbols, last row first, the states of a
+// step in reverse order (format lanes 32 S - 1 .. 0), into registers, then
+// writes its 8 elements per state with one or two 16-byte stores and hashes
+// their words for the checksum. The states' chains are independent: only the
+// read position passes from one to the next. The raw bits of the next row
+// (one 8-byte load per state, fp32 two more 16-byte loads) are in flight
+// while a row decodes. A word-count underflow (corrupt stream) is recorded
+// and the read position clamped, so reads stay inside the segment without a
+// branch. Returns false when the words do not add up.
+template <fmt::DType D, bool Full, int S>
 PZ_DEVICE PZ_FORCE_INLINE bool rans_rows(const DecompressParams& p, uint64_t first, uint32_t n, const uint8_t* lookup,
                                          const uint32_t* encsym, const uint16_t* wp, uint32_t words,
-                                         const uint8_t* raw8, const uint16_t* raw16, uint32_t& x_io, uint32_t& sum) {
+                                         const uint8_t* raw8, const uint16_t* raw16, uint32_t* x_io, uint32_t& sum) {
   constexpr bool plane16 = fmt::has_plane16(D);
   constexpr int R = fmt::kLaneRun;
-  constexpr int kWords = R * kSymBytes<D> / 4;  // output words per lane per row
+  constexpr int kWords = R * kSymBytes<D> / 4;  // output words per lane per state per row
+  constexpr uint32_t kHalf = fmt::kRowSymbols;  // one state's part of a row
+  constexpr uint32_t kRow = kHalf * S;
   const int lane = group_lane();
   const uint32_t lt = group_lanemask_lt();
-  const int32_t rows = static_cast<int32_t>((n + fmt::kRowSymbols - 1) / fmt::kRowSymbols);
+  const int32_t rows = static_cast<int32_t>((n + kRow - 1) / kRow);
   const bool vec_out = (reinterpret_cast<uintptr_t>(p.out) & 15) == 0;  // group-uniform
-  uint32_t x = x_io, rp = words;
+  uint32_t x[S], rp = words;
+#pragma unroll
+  for (int s = 0; s < S; ++s) x[s] = x_io[s];
   bool bad = false;
   struct Raw {
     uint2 r8;
     uint4 r16[plane16 ? 2 : 1];
   };
-  auto load = [&](int32_t r, Raw& v) {
-    const uint32_t i0 = static_cast<uint32_t>(r) * fmt::kRowSymbols + R * lane;
+  auto load = [&](int32_t r, int s, Raw& v) {
+    const uint32_t i0 = static_cast<uint32_t>(r) * kRow + s * kHalf + R * lane;
     if (Full || i0 + R <= n) {
       v.r8 = *reinterpret_cast<const uint2*>(raw8 + i0);  // 8-byte aligned: blocks start at 2^10 symbols
       if constexpr (plane16) v.r16[0] = reinterpret_cast<const uint4*>(raw16 + i0)[0], v.r16[1] = reinterpret_cast<const uint4*>(raw16 + i0)[1];
@@ -272,62 +279,110 @@ PZ_DEVICE PZ_FORCE_INLINE bool rans_rows(const DecompressParams& p, uint64_t fir
         }
     }
   };
-  Raw cur, nxt;
-  load(rows - 1, cur);
+  Raw cur[S], nxt[S];
+#pragma unroll
+  for (int s = 0; s < S; ++s) load(rows - 1, s, cur[s]);
   for (int32_t r = rows - 1; r >= 0; --r) {
-    if (r > 0) load(r - 1, nxt);
-    // Pull the coded words of the next rows toward L1 (about 40 words a row).
-    if (lane < 2 && rp > 64u * (lane + 1)) prefetch_l1(wp + rp - 64u * (lane + 1));  // inside the words
-    const uint32_t i0 = static_cast<uint32_t>(r) * fmt::kRowSymbols + R * lane;
-    uint32_t sym[R];
+    if (r > 0)
+#pragma unroll
+      for (int s = 0; s < S; ++s) load(r - 1, s, nxt[s]);
+    // Pull the coded words of the next rows toward L1 (about 40 words per state a row).
+    if (lane < 2 * S && rp > 64u * (lane + 1)) prefetch_l1(wp + rp - 64u * (lane + 1));  // inside the words
+    uint32_t sym[S][R];
     // Unchecked rows (group-uniform): a row takes at most one word per symbol,
-    // so rp >= 256 keeps every read inside the words; rp < words keeps the
+    // so rp >= kRow keeps every read inside the words; rp < words keeps the
     // word read by lanes that need none (word rp - count, rp when none of
     // the group needs one) off the stream's end, which word `words` may be.
-    if (Full && rp >= fmt::kRowSymbols && rp < words) {
+    if (Full && rp >= kRow && rp < words) {
 #pragma unroll
-      for (int k = R - 1; k >= 0; --k) sym[k] = decode_step<false>(x, true, lookup, encsym, wp, lt, rp, bad);
+      for (int k = R - 1; k >= 0; --k)
+#pragma unroll
+        for (int s = S - 1; s >= 0; --s) sym[s][k] = decode_step<false>(x[s], true, lookup, encsym, wp, lt, rp, bad);
     } else {
 #pragma unroll
-      for (int k = R - 1; k >= 0; --k) sym[k] = decode_step(x, Full || i0 + k < n, lookup, encsym, wp, lt, rp, bad);
-    }
-    // The row's output words, off the state chain: they overlap the next row.
-    uint32_t w[kWords];
-    const uint32_t* r16 = reinterpret_cast<const uint32_t*>(cur.r16);
-    join_row<D>(sym, cur.r8, r16, w);
-    const uint64_t e0 = first + i0;  // the lane's first symbol in the tensor
-    if ((Full || chunk_in_range<D>(p.h, first, i0, n)) && vec_out) {
+      for (int k = R - 1; k >= 0; --k)
 #pragma unroll
-      for (int j = 0; j < kWords / 4; ++j)
-        reinterpret_cast<uint4*>(p.out + e0 * kSymBytes<D>)[j] = make_uint4(w[4 * j], w[4 * j + 1], w[4 * j + 2], w[4 * j + 3]);
-    } else {
-      // A short last row, or an output that is not 16-byte aligned.
-#pragma unroll
-      for (int k = 0; k < R; ++k) {
-        uint32_t u = 0;
-        if (i0 + k < n) {
-          const uint32_t r8 = ((k < 4 ? cur.r8.x : cur.r8.y) >> (8 * (k & 3))) & 0xff;
-          u = store_element<D>(p.out, e0 + k, p.h.numel, static_cast<uint8_t>(sym[k]), static_cast<uint8_t>(r8),
-                               plane16 ? static_cast<uint16_t>(r16[k >> 1] >> (16 * (k & 1))) : 0);
+        for (int s = S - 1; s >= 0; --s) {
+          const uint32_t i0 = static_cast<uint32_t>(r) * kRow + s * kHalf + R * lane;
+          sym[s][k] = decode_step(x[s], Full || i0 + k < n, lookup, encsym, wp, lt, rp, bad);
         }
-        if (kSymBytes<D> == 4) w[k] = u;
-        else if (k & 1) w[k >> 1] |= u << 16;
-        else w[k >> 1] = u;
-      }
     }
-    const uint32_t wi = static_cast<uint32_t>(e0 * kSymBytes<D> / 4);
+    // The row's output words, off the state chains: they overlap the next row.
 #pragma unroll
-    for (int j = 0; j < kWords; ++j)
-      if (Full || i0 + j * 4 / kSymBytes<D> < n) sum += fmt::hash_term(w[j], wi + j);
-    cur = nxt;
+    for (int s = 0; s < S; ++s) {
+      const uint32_t i0 = static_cast<uint32_t>(r) * kRow + s * kHalf + R * lane;
+      uint32_t w[kWords];
+      const uint32_t* r16 = reinterpret_cast<const uint32_t*>(cur[s].r16);
+      join_row<D>(sym[s], cur[s].r8, r16, w);
+      const uint64_t e0 = first + i0;  // the lane's first symbol of this state in the tensor
+      if ((Full || chunk_in_range<D>(p.h, first, i0, n)) && vec_out) {
+#pragma unroll
+        for (int j = 0; j < kWords / 4; ++j)
+          reinterpret_cast<uint4*>(p.out + e0 * kSymBytes<D>)[j] = make_uint4(w[4 * j], w[4 * j + 1], w[4 * j + 2], w[4 * j + 3]);
+      } else {
+        // A short last row, or an output that is not 16-byte aligned.
+#pragma unroll
+        for (int k = 0; k < R; ++k) {
+          uint32_t u = 0;
+          if (i0 + k < n) {
+            const uint32_t r8 = ((k < 4 ? cur[s].r8.x : cur[s].r8.y) >> (8 * (k & 3))) & 0xff;
+            u = store_element<D>(p.out, e0 + k, p.h.numel, static_cast<uint8_t>(sym[s][k]), static_cast<uint8_t>(r8),
+                                 plane16 ? static_cast<uint16_t>(r16[k >> 1] >> (16 * (k & 1))) : 0);
+          }
+          if (kSymBytes<D> == 4) w[k] = u;
+          else if (k & 1) w[k >> 1] |= u << 16;
+          else w[k >> 1] = u;
+        }
+      }
+      const uint32_t wi = static_cast<uint32_t>(e0 * kSymBytes<D> / 4);
+#pragma unroll
+      for (int j = 0; j < kWords; ++j)
+        if (Full || i0 + j * 4 / kSymBytes<D> < n) sum += fmt::hash_term(w[j], wi + j);
+    }
+#pragma unroll
+    for (int s = 0; s < S; ++s) cur[s] = nxt[s];
   }
-  x_io = x;
+#pragma unroll
+  for (int s = 0; s < S; ++s) x_io[s] = x[s];
   return !bad && rp == 0;
 }
 
+// A rANS block's states (format lane 32 s + L is lane L's state s, at
+// states), its rows, and the end test: every state back at L, every word
+// read. The tables are built (group_sync after the state check).
+template <fmt::DType D, int S>
+PZ_DEVICE PZ_FORCE_INLINE bool rans_block(const DecompressParams& p, uint64_t first, uint32_t n, const uint8_t* lookup,
+                                          const uint32_t* encsym, const uint8_t* states, const uint16_t* wp,
+                                          uint32_t words, const uint8_t* raw8, const uint16_t* raw16, bool contig,
+                                          bool full, uint32_t& sum) {
+  const int lane = group_lane();
+  uint32_t x[S];
+  bool low = false;
+#pragma unroll
+  for (int s = 0; s < S; ++s) x[s] = get_u32(states + 4 * (fmt::kLanes * s + lane)), low |= x[s] < fmt::kStateLow;
+  if (group_ballot(low)) return false;
+  group_sync();  // tables complete
+  bool ok;
+  if constexpr (S == 2) {
+    ok = full ? rans_rows<D, true, 2>(p, first, n, lookup, encsym, wp, words, raw8, raw16, x, sum)
+              : rans_rows<D, false, 2>(p, first, n, lookup, encsym, wp, words, raw8, raw16, x, sum);
+  } else if (contig) {
+    ok = full ? rans_rows<D, true, 1>(p, first, n, lookup, encsym, wp, words, raw8, raw16, x, sum)
+              : rans_rows<D, false, 1>(p, first, n, lookup, encsym, wp, words, raw8, raw16, x, sum);
+  } else {
+    ok = full ? rans_strided<D, true>(p, first, n, lookup, encsym, wp, words, raw8, raw16, x[0], sum)
+              : rans_strided<D, false>(p, first, n, lookup, encsym, wp, words, raw8, raw16, x[0], sum);
+  }
+  bool end = true;
+#pragma unroll
+  for (int s = 0; s < S; ++s) end = end && x[s] == fmt::kStateLow;
+  return ok && !group_ballot(!end);
+}
+
 // Decodes block b's symbols into p.out, adding each element's checksum term
-// to this lane's sum; returns DecodeError bits (group-uniform).
-template <fmt::DType D, fmt::Codec C>
+// to this lane's sum; returns DecodeError bits (group-uniform). S: rANS
+// states a lane (format lanes / 32), 0 to take it from the header.
+template <fmt::DType D, fmt::Codec C, int S>
 PZ_DEVICE uint32_t decode_symbols(const DecompressParams& p, const fmt::Layout& l, uint64_t b, DecompressSmem& s,
                                   uint32_t& sum) {
   constexpr bool plane16 = fmt::has_plane16(D);
@@ -387,44 +442,41 @@ PZ_DEVICE uint32_t decode_symbols(const DecompressParams& p, const fmt::Layout& 
     }
   }
   const uint64_t wpos = fmt::align_up(1 + table_bytes, 4);
-  const uint64_t prefix = rans::rans_prefix_bytes(table_bytes);
+  const uint64_t prefix = rans::rans_prefix_bytes(table_bytes, S ? S * fmt::kLanes : h.lanes);
   const uint64_t words = prefix <= seglen ? get_u32(seg + wpos) : 0;
   if (prefix > seglen || prefix + 2 * words > seglen) return kErrSegment;
-  uint32_t x = get_u32(seg + wpos + 4 + 4 * lane);
-  if (group_ballot(x < fmt::kStateLow)) return kErrStream;
-  group_sync();  // tables complete
   const uint16_t* wp = reinterpret_cast<const uint16_t*>(seg + prefix);  // the launcher checks 16B alignment
   // Full blocks (all but the last) drop every per-lane bounds test.
   const uint32_t wn = static_cast<uint32_t>(words);
   const bool full = full_block<D>(h, first, n);
   bool ok;
-  if (contig) ok = full ? rans_rows<D, true>(p, first, n, lookup, encsym, wp, wn, raw8, raw16, x, sum)
-                        : rans_rows<D, false>(p, first, n, lookup, encsym, wp, wn, raw8, raw16, x, sum);
-  else ok = full ? rans_strided<D, true>(p, first, n, lookup, encsym, wp, wn, raw8, raw16, x, sum)
-                 : rans_strided<D, false>(p, first, n, lookup, encsym, wp, wn, raw8, raw16, x, sum);
-  if (!ok || group_ballot(x != fmt::kStateLow)) return kErrStream;
-  return 0;
+  if constexpr (S == 0)
+    ok = h.lanes == fmt::kWideLanes
+             ? rans_block<D, 2>(p, first, n, lookup, encsym, seg + wpos + 4, wp, wn, raw8, raw16, contig, full, sum)
+             : rans_block<D, 1>(p, first, n, lookup, encsym, seg + wpos + 4, wp, wn, raw8, raw16, contig, full, sum);
+  else ok = rans_block<D, S>(p, first, n, lookup, encsym, seg + wpos + 4, wp, wn, raw8, raw16, contig, full, sum);
+  return ok ? 0u : static_cast<uint32_t>(kErrStream);
 }
 
 // Decodes block b into p.out and (v2) checks the elements it wrote against
 // the block's checksum; returns DecodeError bits (group-uniform).
-template <fmt::DType D, fmt::Codec C>
+template <fmt::DType D, fmt::Codec C, int S>
 PZ_DEVICE uint32_t decode_block(const DecompressParams& p, const fmt::Layout& l, uint64_t b, DecompressSmem& s) {
   uint32_t sum = 0;
-  const uint32_t e = decode_symbols<D, C>(p, l, b, s, sum);
+  const uint32_t e = decode_symbols<D, C, S>(p, l, b, s, sum);
   if (e || !l.nsums) return e;
   return fmt::finish_checksum(group_sum32(sum)) == get_u32(p.in + l.sums_begin + 4 * b) ? 0u : static_cast<uint32_t>(kErrChecksum);
 }
 
 // Decodes block b and ORs its errors into p.err.
-template <fmt::DType D, fmt::Codec C>
+template <fmt::DType D, fmt::Codec C, int S>
 PZ_DEVICE PZ_FORCE_INLINE void decode_unit(const DecompressParams& p, const fmt::Layout& l, uint64_t b, DecompressSmem& s) {
-  const uint32_t e = decode_block<D, C>(p, l, b, s);
+  const uint32_t e = decode_block<D, C, S>(p, l, b, s);
   if (e && group_lane() == 0) atomic_or<Scope::Device>(p.err, e);
 }
 
 // Persistent: each group strides over the blocks.
-template <fmt::DType D, fmt::Codec C>
+template <fmt::DType D, fmt::Codec C, int S>
 PZ_DEVICE PZ_FORCE_INLINE void decompress_blocks(const DecompressParams& p, uint64_t total) {
   extern __shared__ __align__(16) uint8_t smem[];
   fmt::Layout l = fmt::layout_of(p.h);
@@ -433,21 +485,21 @@ PZ_DEVICE PZ_FORCE_INLINE void decompress_blocks(const DecompressParams& p, uint
   DecompressSmem& s = reinterpret_cast<DecompressSmem*>(smem)[group];
   const uint64_t stride = static_cast<uint64_t>(gridDim.x) * kGroupsPerCta;
   for (uint64_t b = static_cast<uint64_t>(blockIdx.x) * kGroupsPerCta + group; b < l.nblocks; b += stride)
-    decode_unit<D, C>(p, l, b, s);
+    decode_unit<D, C, S>(p, l, b, s);
 }
 
-template <fmt::DType D, fmt::Codec C>
+template <fmt::DType D, fmt::Codec C, int S>
 PZ_DEVICE PZ_FORCE_INLINE void decompress_kernel(DecompressParams p) {
-  decompress_blocks<D, C>(p, p.h.total_bytes);
+  decompress_blocks<D, C, S>(p, p.h.total_bytes);
 }
 
 // The fast path of a device-parsed decode (FastDecode): only the total comes
-// from the stream, every other field is the launch's.
-template <fmt::DType D>
+// from the stream, every other field is the launch's (S: its lanes / 32).
+template <fmt::DType D, int S>
 PZ_DEVICE PZ_FORCE_INLINE void fast_decode_kernel(FastDecode f) {
   const uint64_t total = *f.total;
   if (!total) return;  // grid-uniform
-  decompress_blocks<D, fmt::Codec::Rans>(f.p, total);
+  decompress_blocks<D, fmt::Codec::Rans, S>(f.p, total);
 }
 
 // Decode with the header parsed on the device: the host queues it knowing
@@ -546,8 +598,8 @@ PZ_DEVICE PZ_FORCE_INLINE void device_decode_kernel(DeviceDecodeLaunch launch) {
           raw_chunk<false, false, false>(job.in, job.out, job.err, l, u);
         }
       } else if constexpr (D != fmt::DType::Invalid) {
-        if (h.codec == fmt::Codec::Fixed) decode_unit<D, fmt::Codec::Fixed>(p, l, u, s);
-        else decode_unit<D, fmt::Codec::Rans>(p, l, u, s);
+        if (h.codec == fmt::Codec::Fixed) decode_unit<D, fmt::Codec::Fixed, 1>(p, l, u, s);
+        else decode_unit<D, fmt::Codec::Rans, 0>(p, l, u, s);
       }
     }
   }

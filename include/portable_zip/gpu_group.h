@@ -15,6 +15,16 @@ template <fmt::DType D>
 constexpr int kSymBytes = D == fmt::DType::Float32 ? 4 : 2;
 constexpr int kChunkSyms = 8;
 
+// Compile-time values passed to generic lambdas.
+template <bool B>
+struct Flag {
+  static constexpr bool value = B;
+};
+template <int N>
+struct Int {
+  static constexpr int value = N;
+};
+
 #if defined(PZ_CUDA) || defined(PZ_HIP)
 
 PZ_DEVICE PZ_FORCE_INLINE uint32_t group_sum32(uint32_t v) {

@@ -30,7 +30,7 @@ struct CompressLaunch {
   const uint64_t* ticket_end;
   uint32_t njobs;
   uint32_t* ticket;   // zeroed; hands out CTA tickets in launch order
-  uint8_t* spill;     // rANS: kSpillBytes per group of each CTA of the grid (grid <= kSpillCtas)
+  uint8_t* spill;     // rANS: kSpillBytes per group of each CTA of the grid (the launcher sizes both)
 };
 static_assert(sizeof(CompressParams) % 8 == 0, "staged into shared memory in 4-byte words");
 
@@ -79,7 +79,7 @@ struct DeviceDecodeLaunch {
 };
 PZ_HOST_DEVICE inline bool same_plan(const fmt::Header& a, const fmt::Header& b) {
   bool same = a.version == b.version && a.dtype == b.dtype && a.codec == b.codec && a.ndim == b.ndim &&
-              a.numel == b.numel && a.block_log2 == b.block_log2;
+              a.numel == b.numel && a.block_log2 == b.block_log2 && a.lanes == b.lanes;
   for (int d = 0; d < a.ndim && d < fmt::kMaxDims; ++d) same = same && a.shape[d] == b.shape[d];
   return same;
 }
@@ -102,7 +102,7 @@ struct RawParams {
 // Shared memory per group for compress, laid out once here. The encode table
 // (whose first 1 KB holds the merged counts until the table is built),
 // frequency scratch (the fixed code's symbol -> code map), then an 8 KB
-// staging buffer for the block's segment. A rANS segment past 8 KB (fp16 and
+// (64 lanes: 11 KB) staging buffer for the block's segment. A rANS segment past 8 KB (fp16 and
 // e4m3 blocks are ~10 KB) spills its later words to the group's slot of a
 // global buffer (kSpillBytes per group, L2-resident), copied out after the
 // look-back. Stored blocks are split again from the input at copy-out; a
@@ -117,13 +117,21 @@ constexpr uint32_t kHistReplicas = 16;
 constexpr uint64_t kHistBytes = 128 * kHistReplicas * 4;
 constexpr uint64_t kMaxTableBytes = 1 + 32 + 2 * 256;
 constexpr uint32_t kStagingBytes = 8192;
+// The single-tensor 64-lane kernels stage 11 KB (a bf16 2^15-symbol segment
+// is ~10.7 KB): their registers allow 8 CTAs per SM, which 2 x 13.75 KB of
+// shared memory per CTA still does, so the bigger buffer costs no occupancy.
+constexpr uint32_t kWideStagingBytes = 11264;
 static_assert(kHistBytes <= kStagingBytes, "histograms alias the staging buffer");
-// A segment past 1 + 2^14 bytes is stored, found at the end of a row: its
-// words can pass that limit by one row's worth (kRowSymbols) before the test.
+// A segment past 1 + 2^15 bytes is stored, found at the end of a row: its
+// words can pass that limit by one row's worth (a word a symbol) before the
+// test. A slot is ~25 KB: the launcher gives one to each CTA the device holds
+// at once, not to each ticket (H200: 1,320 CTAs, 68 MB at most).
 constexpr uint32_t kSpillBytes =
-    (((1u << fmt::kEncoderMaxBlockLog2) + 1 - kStagingBytes + 2 * fmt::kRowSymbols + 2) + 15) & ~15u;
-constexpr uint32_t kSpillCtas = 4096;  // the compress grid's cap, so spill slots are bounded
+    (((1u << fmt::kEncoderMaxBlockLog2) + 1 - kStagingBytes + 2 * fmt::kMaxRowSymbols + 2) + 15) & ~15u;
+constexpr uint32_t kSpillCtas = 4096;  // a cap on the compress grid whatever the device, so spill slots are bounded
+template <uint32_t kStage>
 struct alignas(16) CompressSmem {
+  static constexpr uint32_t kStaging = kStage;
   union {
     uint32_t enc[256][2];  // rANS encode table: rans::enc_entry
     uint32_t counts[256];  // the block's merged histogram, until enc is built
@@ -133,12 +141,21 @@ struct alignas(16) CompressSmem {
     uint8_t code[256];   // fixed code: symbol -> code
   };
   union {
-    uint8_t staging[kStagingBytes];   // the block's segment (16-byte aligned: copied out as vectors)
+    uint8_t staging[kStage];          // the block's segment (16-byte aligned: copied out as vectors)
     uint32_t hist[kHistBytes / 4];    // pass 1: [128 words][kHistReplicas]
   };
 };
-static_assert(sizeof(CompressSmem) == 256 * 8 + 256 * 2 + kStagingBytes, "no padding between the parts");
-PZ_HOST_DEVICE constexpr uint64_t compress_smem_per_group(int) { return sizeof(CompressSmem); }
+static_assert(sizeof(CompressSmem<kStagingBytes>) == 256 * 8 + 256 * 2 + kStagingBytes &&
+                  sizeof(CompressSmem<kWideStagingBytes>) == 256 * 8 + 256 * 2 + kWideStagingBytes,
+              "no padding between the parts");
+// Staging bytes of a compress kernel: the single-tensor 64-lane ones stage more.
+PZ_HOST_DEVICE constexpr uint32_t compress_staging(int lanes, bool batched) {
+  return lanes == fmt::kWideLanes && !batched ? kWideStagingBytes : kStagingBytes;
+}
+PZ_HOST_DEVICE constexpr uint64_t compress_smem_per_group(int lanes, bool batched) {
+  return compress_staging(lanes, batched) == kWideStagingBytes ? sizeof(CompressSmem<kWideStagingBytes>)
+                                                               : sizeof(CompressSmem<kStagingBytes>);
+}
 
 // Shared memory per group for the rANS decoder (the fixed code needs none).
 // (Staging the coded words in a shared-memory window measured slower at >=

@@ -138,9 +138,9 @@ PZ_HOST_DEVICE inline int parse_table(const uint8_t* p, const uint8_t* end, uint
 }
 
 // Bytes before the words in a rANS segment: mode, table, pad to 4, word
-// count, kLanes states.
-PZ_HOST_DEVICE PZ_FORCE_INLINE uint32_t rans_prefix_bytes(int table_bytes) {
-  return static_cast<uint32_t>(fmt::align_up(1 + table_bytes, 4) + 4 + 4 * fmt::kLanes);
+// count, one state per lane (the header's lane count).
+PZ_HOST_DEVICE PZ_FORCE_INLINE uint32_t rans_prefix_bytes(int table_bytes, int lanes) {
+  return static_cast<uint32_t>(fmt::align_up(1 + table_bytes, 4) + 4 + 4 * lanes);
 }
 
 // Encoder renormalization: emit the low 16 bits while x would overflow.

@@ -4,7 +4,8 @@
 //   OUTDIR gets one seed per stream: a control byte (libfuzz_decode.cpp's
 //   thread selector) then the stream. Generated: every coded dtype with both
 //   codecs (rANS, fixed), skewed and random data, one block and several
-//   (block_log2 10 and the encoder's own choice), multi-dimensional and
+//   (block_log2 10 and the encoder's own choice), rANS with 64 lanes (v4:
+//   which the encoder picks only for 2^15-symbol blocks), multi-dimensional and
 //   scalar shapes, empty tensors, and raw dtypes. Each STREAM file given (the
 //   golden streams) is copied in with a control byte as well.
 //   DICT gets a libFuzzer dictionary of the header's constant fields.
@@ -78,11 +79,12 @@ std::vector<uint8_t> tensor_bytes(fmt::DType d, uint64_t numel, bool random, std
 }
 
 void add_stream(const std::string& name, fmt::DType d, std::vector<int64_t> shape, fmt::Codec codec, bool random,
-                int block_log2, std::mt19937_64& rng) {
+                int block_log2, std::mt19937_64& rng, int lanes = 0) {
   uint64_t numel = 1;
   for (int64_t s : shape) numel *= static_cast<uint64_t>(s);
   fmt::Header h = fmt::plan_header(d, numel, shape.data(), static_cast<int>(shape.size()), codec);
   if (block_log2 && h.codec != fmt::Codec::Raw) h.block_log2 = static_cast<uint8_t>(block_log2);
+  if (lanes && h.codec == fmt::Codec::Rans) h.lanes = static_cast<uint8_t>(lanes);
   const std::vector<uint8_t> in = tensor_bytes(d, numel, random, rng);
   std::vector<uint8_t> out(fmt::max_stream_bytes(h));
   out.resize(cpu_compress(in.data(), h, out.data(), 1));
@@ -114,8 +116,9 @@ void write_dict(const char* path) {
   entry("magic", magic);
   entry("magic_version", mv);
   for (int lg = fmt::kMinBlockLog2; lg <= fmt::kMaxBlockLog2; ++lg)
-    entry(("params_log2_" + std::to_string(lg)).c_str(),
-          {static_cast<uint8_t>(lg), static_cast<uint8_t>(fmt::kProbBits), static_cast<uint8_t>(fmt::kLanes), 0});
+    for (int lanes : {fmt::kLanes, fmt::kWideLanes})
+      entry(("params_log2_" + std::to_string(lg) + "_" + std::to_string(lanes)).c_str(),
+            {static_cast<uint8_t>(lg), static_cast<uint8_t>(fmt::kProbBits), static_cast<uint8_t>(lanes), 0});
   entry("params_raw", {0, static_cast<uint8_t>(fmt::kProbBits), static_cast<uint8_t>(fmt::kLanes), 0});
   for (uint8_t c = 0; c < fmt::kNumCodecs; ++c)
     for (uint8_t d : {1, 2, 3, 4, 5, 10})
@@ -153,6 +156,11 @@ int main(int argc, char** argv) {
       add_stream(base + "_3blocks", c.d, {3 * per_block - 5}, codec, false, 10, rng);
       add_stream(base + "_2blocks_random", c.d, {2, per_block}, codec, true, 10, rng);
       add_stream(base + "_default_blocks", c.d, {5000}, codec, false, 0, rng);
+      if (codec == fmt::Codec::Rans) {  // 64 lanes: a partial last row, several blocks, random data
+        add_stream(base + "_wide_77", c.d, {7, 11}, codec, false, 0, rng, fmt::kWideLanes);
+        add_stream(base + "_wide_3blocks", c.d, {3 * per_block - 5}, codec, false, 10, rng, fmt::kWideLanes);
+        add_stream(base + "_wide_2blocks_random", c.d, {2, per_block}, codec, true, 10, rng, fmt::kWideLanes);
+      }
     }
   add_stream("bf16_scalar", fmt::DType::BFloat16, {}, fmt::Codec::Rans, false, 0, rng);
   add_stream("bf16_codec_raw", fmt::DType::BFloat16, {40}, fmt::Codec::Raw, false, 0, rng);
