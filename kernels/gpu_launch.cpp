@@ -137,10 +137,12 @@ int gpu_compress_batch(const uint8_t* const* ins, const fmt::Header* hs, uint8_t
   bool aligned = true;
   for (int j = 0; j < n; ++j) {
     const fmt::Header& h = hs[j];
+    const bool lanes_ok = h.lanes == fmt::kLanes || (h.lanes == fmt::kWideLanes && h.codec == fmt::Codec::Rans);
     if (h.codec == fmt::Codec::Raw || h.block_log2 > fmt::kEncoderMaxBlockLog2 || h.dtype != hs[0].dtype ||
-        h.codec != hs[0].codec || (n == 1 && h.lanes != hs[0].lanes) || !gpu::dtype_token(h.dtype) ||
+        h.codec != hs[0].codec || !lanes_ok || !gpu::dtype_token(h.dtype) ||
         reinterpret_cast<uintptr_t>(outs[j]) % fmt::kAlign) {
-      set_last_error("gpu_compress: needs coded headers of one dtype and codec, block_log2 <= 15, 16-byte aligned outputs", "");
+      set_last_error("gpu_compress: needs coded headers of one dtype and codec, block_log2 <= 15, 32 lanes (64 with "
+                     "rANS), 16-byte aligned outputs", "");
       return kBadArgument;
     }
     // 16-byte vector loads need 16-byte-aligned inputs (a view may start anywhere).
@@ -261,6 +263,16 @@ uint64_t gpu_decode_batch_workspace_bytes(int n) {
   return n > 1 ? fmt::align_up(n * sizeof(gpu::DeviceDecode), 16) + 8ull * n : 16;  // one: the fast path's total
 }
 
+// Blocks of the output's 32-lane plan (the fixed code's, and v3's rANS):
+// as many as or more than the 64-lane plan's, so tickets sized by it serve
+// every stream this encoder, or v3's, writes for the output in parallel.
+static uint64_t narrow_blocks(fmt::Header e) {
+  const uint64_t planned = fmt::layout_of(e).nblocks;
+  e.block_log2 = static_cast<uint8_t>(fmt::choose_block_log2(fmt::num_symbols(e.dtype, e.numel), fmt::Codec::Fixed));
+  const uint64_t narrow = fmt::layout_of(e).nblocks;
+  return narrow > planned ? narrow : planned;
+}
+
 int gpu_decode_batch(const uint8_t* const* ins, const uint64_t* in_lens, uint8_t* const* outs, uint32_t* const* errs,
                      const fmt::Header* expects, int n, void* workspace, void* stream, int device, int max_sms) {
   if (n < 1) return kOk;
@@ -283,7 +295,7 @@ int gpu_decode_batch(const uint8_t* const* ins, const uint64_t* in_lens, uint8_t
     d.in_len = in_lens[j];
     d.out = outs[j];
     d.err = errs[j];
-    d.work = e.codec == fmt::Codec::Raw ? gpu::raw_chunks(l) : l.nblocks;
+    d.work = e.codec == fmt::Codec::Raw ? gpu::raw_chunks(l) : narrow_blocks(e);
     d.fast_total = n == 1 && e.codec == fmt::Codec::Rans ? static_cast<uint64_t*>(workspace) : nullptr;
     d.expect = e;
     ends[j] = tickets += d.work > 0 ? (d.work + gpu::kGroupsPerCta - 1) / gpu::kGroupsPerCta : 1;

@@ -91,7 +91,8 @@ def test_simd_decoder_rejects_what_scalar_rejects(lanes):
     info = pz.inspect(buf)
     begin = info["compressed_bytes"] - info["coded_bytes"]
     bad = buf.clone()
-    bad[begin + 200: begin + 260] = torch.from_numpy(rng.integers(0, 256, 60, dtype=np.uint8))
+    at = begin + 200 + 4 * (lanes - 32)  # past the first segment's states (4 bytes a lane): in its words
+    bad[at: at + 60] = torch.from_numpy(rng.integers(0, 256, 60, dtype=np.uint8))
     for simd in ("1", "0"):
         r = subprocess.run([sys.executable, "-P", "-c",
                             "import sys, torch, portable_zip as pz\n"

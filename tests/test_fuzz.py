@@ -93,7 +93,7 @@ def make_streams(rng, device="cpu"):
                 t = torch.from_numpy(rng.integers(0, 256, numel * dtype.itemsize, dtype=np.uint8)).view(dtype)
             for codec in ("rans", "fixed") if dtype in CODED_DTYPES else ("rans",):
                 streams.append((t, pz.trim(pz.compress(t.to(device), codec=codec)).cpu().numpy()))
-    # 64-lane rANS (v4), which the encoder picks for 2^23 symbols and more, on
+    # 64-lane rANS (v4), which the encoder picks for 2^27 symbols and more, on
     # small tensors: the reference encoder with 2^10-symbol blocks.
     for dtype in CODED_DTYPES:
         t = weights(rng, 5000, dtype, 0.02)

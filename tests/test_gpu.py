@@ -127,7 +127,7 @@ def test_gpu_decompress_into_out(coded_dtype):
                                    torch.float8_e5m2])
 def test_gpu_wide_lanes(dtype):
     """64-lane rANS (two states a GPU lane; the encoder's plan from 2^27
-    symbols on, forced here on 33 blocks), every coded dtype: GPU bytes ==
+    symbols on, forced here on 17-33 blocks), every coded dtype: GPU bytes ==
     CPU bytes, decoded by both, through the host-parsed kernel and the
     device-parsed fast path (out=), with a partial last block and row, and
     random bits (stored blocks)."""
@@ -147,11 +147,11 @@ def test_gpu_wide_lanes_every_path():
     """64 lanes through the other compress paths, against the CPU's bytes:
     the encoder's own plan at 2^27 symbols, an unaligned view, one SM (every
     CTA reuses its spill slots), a batch mixing 64- and 32-lane tensors (one
-    kernel, both coders), and decompress_batch (the device-parsed general
-    kernel, both decoders)."""
+    kernel, both coders), decompress_batch (the device-parsed general
+    kernel, both decoders), and the fixed code's stream of the same tensor
+    into out=."""
     rng = fresh_rng()
     big = weights(rng, WIDE_MIN + 1000, torch.bfloat16)
-    assert pz.inspect(pz.compress(big[:4096 * 64]))["lanes"] == 32
     gpu_roundtrip(big)
     with forced_plan(15, 64):
         t = weights(rng, (1 << 20) + 1000, torch.bfloat16)
@@ -168,6 +168,13 @@ def test_gpu_wide_lanes_every_path():
     pz.decompress_batch(got, out=outs)
     pz.check()
     assert all(same_bits(o.cpu(), x) for o, x in zip(outs, ts))
+    # The device-parsed decode sizes its tickets by the 32-lane plan: a
+    # fixed-code stream of the same tensor (2^14-symbol blocks) decodes too.
+    fixed = pz.compress(big.to(DEV), codec="fixed")
+    assert pz.inspect(fixed)["block_symbols"] == 1 << 14
+    out = torch.empty_like(big, device=DEV)
+    pz.decompress(fixed, out=out, check=True)
+    assert same_bits(out.cpu(), big)
 
 
 def test_gpu_decodes_wide_goldens():

@@ -574,9 +574,12 @@ PZ_DEVICE PZ_FORCE_INLINE void device_decode_kernel(DeviceDecodeLaunch launch) {
     const fmt::Layout l = fmt::layout_of(h);
     const bool raw = h.codec == fmt::Codec::Raw;
     const uint64_t work = raw ? raw_chunks(l) : l.nblocks;
-    // A stream laid out otherwise than this encoder would (another block
-    // size): the job's first ticket decodes all of it.
-    const bool all = work != job.work;
+    // The job has a ticket per kGroupsPerCta blocks of the most blocks this
+    // encoder (or v3's) writes for the output: the 32-lane plan's (a
+    // 64-lane or fixed-code stream has as many or fewer; tickets past its
+    // blocks do nothing). A stream with more (smaller blocks than any plan):
+    // the job's first ticket decodes all of it.
+    const bool all = work > job.work;
     if (all && local != 0) continue;
     const uint64_t end = all ? work : (local + 1) * kGroupsPerCta < work ? (local + 1) * kGroupsPerCta : work;
     for (uint64_t u = (all ? 0 : local * kGroupsPerCta) + group; u < end; u += kGroupsPerCta) {  // group-uniform

@@ -49,7 +49,8 @@ struct DeviceDecode {
   uint64_t in_len;
   uint8_t* out;
   uint32_t* err;    // DecodeError bits are OR-ed in (a header's: kErrHeader, kErrMismatch)
-  uint64_t work;    // expected blocks or raw chunks; a stream with other counts is decoded by one ticket
+  uint64_t work;    // the most blocks (or raw chunks) this encoder writes for the output; a stream with
+                    // more is decoded by one ticket
   uint64_t* fast_total;  // with a FastDecode queued after this launch: where the job's first ticket writes
                          // the stream's total if it is as expected (the fast kernel decodes it), else 0
   fmt::Header expect;

@@ -28,7 +28,11 @@ int main(int argc, char** argv) {
     // Skewed exponents so most blocks take the rANS or fixed path.
     for (size_t i = 0; i < in.size(); ++i) in[i] = (i % 2 || rng() % 4 == 0) ? 0x3c + rng() % 3 : rng();
     const fmt::Codec codec = rng() % 2 ? fmt::Codec::Rans : fmt::Codec::Fixed;
-    const fmt::Header h = fmt::plan_header(d, numel, shape, 1, codec);
+    fmt::Header h = fmt::plan_header(d, numel, shape, 1, codec);
+    // A third of the rANS streams with 64 lanes (format v4; the encoder's
+    // plan from 2^27 symbols on) and a random block size.
+    if (h.codec == fmt::Codec::Rans && rng() % 3 == 0)
+      h.lanes = fmt::kWideLanes, h.block_log2 = static_cast<uint8_t>(fmt::kMinBlockLog2 + rng() % 6);
     std::vector<uint8_t> buf(fmt::max_stream_bytes(h));
     const uint64_t total = cpu_compress(in.data(), h, buf.data(), 1);
     buf.resize(total);

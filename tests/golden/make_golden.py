@@ -5,7 +5,7 @@ with a format version bump (or, for a case added at the end, checking that
 every existing file is unchanged):
     python tests/golden/make_golden.py
 Cases with a plan (v4: 64 rANS lanes, which compress() picks only for
-tensors of 2^23 symbols and more) are written by the reference encoder with
+tensors of 2^27 symbols and more) are written by the reference encoder with
 that plan, so small files hold every lane count the format allows."""
 import json
 from pathlib import Path
