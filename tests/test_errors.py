@@ -392,10 +392,12 @@ def test_cpu_decodes_check_before_returning():
     pz.check()
 
 
-def one_block_stream(seg: bytes) -> torch.Tensor:
-    """A one-block bf16 stream (4096 elements) whose only segment is seg,
-    ending the buffer, with the offsets, total and header checksum to match."""
-    buf = pz.compress(weights(fresh_rng(), 4096, torch.bfloat16))
+def one_block_stream(seg: bytes, lanes: int = 32) -> torch.Tensor:
+    """A one-block bf16 stream (4096 elements, `lanes` rANS lanes) whose only
+    segment is seg, ending the buffer, with the offsets, total and header
+    checksum to match."""
+    with forced_plan(12, lanes):
+        buf = pz.compress(weights(fresh_rng(), 4096, torch.bfloat16))
     info = pz.inspect(buf)
     assert info["blocks"] == 1 and info["codec"] == "rans"
     raw_end = (info["header_bytes"] + 15) // 16 * 16 + 4096
@@ -411,32 +413,35 @@ def one_block_stream(seg: bytes) -> torch.Tensor:
 TWO_SYMBOLS = bytes([1, 0, 0, 1, 0x88, 0x00, 0x88, 0x00])
 
 
-def words_run_out_stream() -> torch.Tensor:
+def words_run_out_stream(lanes: int = 32) -> torch.Tensor:
     """A one-block bf16 stream whose rANS segment holds no coded words but
     needs them at once (states 2^16, two symbols of frequency 2048: the first
     step renormalizes every lane), and ends the buffer: a decoder that reads
     words it does not have reads past the stream."""
-    seg = TWO_SYMBOLS + (0).to_bytes(4, "little") + (1 << 16).to_bytes(4, "little") * 32
-    return one_block_stream(seg + bytes(-len(seg) % 16))
+    seg = TWO_SYMBOLS + (0).to_bytes(4, "little") + (1 << 16).to_bytes(4, "little") * lanes
+    return one_block_stream(seg + bytes(-len(seg) % 16), lanes)
 
 
-def words_at_end_stream() -> torch.Tensor:
+def words_at_end_stream(lanes: int = 32) -> torch.Tensor:
     """A one-block bf16 stream whose rANS segment ends the buffer exactly (514
-    words: 140 + 1028 bytes, no padding) and whose states (all 2^32 - 1) need
-    no word for their first 16 steps: a decoder that loads a word for lanes
-    that need none, at the word position, reads the 2 bytes past the stream."""
+    words: 12 + 4 x lanes + 1028 bytes, no padding) and whose states (all
+    2^32 - 1) need no word for their first 16 steps: a decoder that loads a
+    word for lanes that need none, at the word position, reads the 2 bytes
+    past the stream."""
     words = 514
-    seg = TWO_SYMBOLS + words.to_bytes(4, "little") + (2**32 - 1).to_bytes(4, "little") * 32
+    seg = TWO_SYMBOLS + words.to_bytes(4, "little") + (2**32 - 1).to_bytes(4, "little") * lanes
     seg += bytes(fresh_rng().integers(0, 256, 2 * words, dtype=np.uint8))
     assert len(seg) % 16 == 0
-    return one_block_stream(seg)
+    return one_block_stream(seg, lanes)
 
 
-def test_words_at_end():
+@pytest.mark.parametrize("lanes", [32, 64])
+def test_words_at_end(lanes):
     with pytest.raises(pz.FormatError):
-        pz.decompress(words_at_end_stream())
+        pz.decompress(words_at_end_stream(lanes))
 
 
-def test_words_run_out():
+@pytest.mark.parametrize("lanes", [32, 64])
+def test_words_run_out(lanes):
     with pytest.raises(pz.FormatError, match="coded data is inconsistent"):
-        pz.decompress(words_run_out_stream())
+        pz.decompress(words_run_out_stream(lanes))

@@ -434,21 +434,24 @@ def test_gpu_decompress_batch_one_launch_per_dtype():
         pz.check()
 
 
-def test_gpu_mutated_words_run_out():
+@pytest.mark.parametrize("lanes", [32, 64])
+def test_gpu_mutated_words_run_out(lanes):
     """A segment that needs coded words it does not have, at the very end of
     its buffer: the GPU decoders (host-parsed, and device-parsed into out=)
     raise without reading past the stream (memcheck runs this: "mutated")."""
-    buf = words_run_out_stream().to(DEV)
+    buf = words_run_out_stream(lanes).to(DEV)
     with pytest.raises(pz.FormatError, match="coded data is inconsistent"):
         pz.decompress(buf)
     with pytest.raises(pz.FormatError, match="coded data is inconsistent"):
         pz.decompress(buf, out=torch.empty(4096, dtype=torch.bfloat16, device=DEV), check=True)
 
 
-def test_gpu_mutated_words_at_end():
+@pytest.mark.parametrize("lanes", [32, 64])
+def test_gpu_mutated_words_at_end(lanes):
     """A segment ending its buffer exactly, whose first steps need no word:
-    the decoders raise without reading past the stream (memcheck runs this)."""
-    buf = words_at_end_stream().to(DEV)
+    the decoders raise without reading past the stream (memcheck runs this;
+    64 lanes: the two-state decoders)."""
+    buf = words_at_end_stream(lanes).to(DEV)
     with pytest.raises(pz.FormatError):
         pz.decompress(buf)
     with pytest.raises(pz.FormatError):
