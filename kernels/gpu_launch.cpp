@@ -268,7 +268,7 @@ uint64_t gpu_decode_batch_workspace_bytes(int n) {
 // every stream this encoder, or v3's, writes for the output in parallel.
 static uint64_t narrow_blocks(fmt::Header e) {
   const uint64_t planned = fmt::layout_of(e).nblocks;
-  e.block_log2 = static_cast<uint8_t>(fmt::choose_block_log2(fmt::num_symbols(e.dtype, e.numel), fmt::Codec::Fixed));
+  e.block_log2 = static_cast<uint8_t>(fmt::choose_block_log2(fmt::num_symbols(e.dtype, e.numel), false));
   const uint64_t narrow = fmt::layout_of(e).nblocks;
   return narrow > planned ? narrow : planned;
 }

@@ -91,18 +91,15 @@ def nsym_of(dtype: int, numel: int) -> int:
     return (numel + 1) // 2 if dtype in (E4M3, E5M2) else numel
 
 
-def block_log2_of(nsym: int, codec: int = 1) -> int:
-    """2^12 .. 2^14 symbols, aiming at >= 256 blocks; rANS from 2^27 symbols on: 2^15 (with 64 lanes)."""
-    if codec == 1 and nsym >= WIDE_MIN_SYMBOLS:
+def block_log2_of(nsym: int, wide: bool) -> int:
+    """2^12 .. 2^14 symbols, aiming at >= 256 blocks; where 64 lanes are allowed (wide), 2^15 from 2^27
+    symbols on."""
+    if wide and nsym >= WIDE_MIN_SYMBOLS:
         return WIDE_LOG2
     lg = 12
     while lg < 14 and (nsym >> (lg + 1)) >= 256:
         lg += 1
     return lg
-
-
-def lanes_of(lg: int, codec: int) -> int:
-    return WIDE_LANES if codec == 1 and lg == WIDE_LOG2 else LANES
 
 
 def split(dtype: int, data: np.ndarray):
@@ -282,9 +279,10 @@ def compress(data: bytes, dtype: int, shape, codec: int = 1, block_log2: int = N
         return header(dtype, 0, shape, numel, len(head) + len(body), 0) + body
     sym, p8, p16 = split(dtype, np.frombuffer(data, np.uint8))
     nsym = sym.size
-    wide = codec == 1 and dtype != FP32  # fp32 stays at 32 lanes
-    lg = block_log2_of(nsym, 1 if wide else 2) if block_log2 is None else block_log2
-    lanes = lanes_of(lg, 1 if wide else 2) if lanes is None else lanes
+    wide = codec == 1 and dtype != FP32  # 64 lanes: rANS only, and fp32 stays at 32
+    lg = block_log2_of(nsym, wide) if block_log2 is None else block_log2
+    if lanes is None:
+        lanes = WIDE_LANES if wide and lg == WIDE_LOG2 else LANES
     nblocks = -(-nsym // (1 << lg))
     head_len = len(header(dtype, codec, shape, numel, 0, lg, lanes))
     raw = p8.tobytes()

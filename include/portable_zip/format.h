@@ -245,10 +245,10 @@ PZ_HOST_DEVICE constexpr uint64_t max_segment_bytes(uint64_t nsym_in_block) {
 
 // Deterministic block size from the symbol count alone: aim for >= 256
 // blocks (parallelism) but never below 2^12 symbols (table/state overhead),
-// up to 2^14; rANS from kWideMinSymbols on: kWideBlockLog2 (with kWideLanes
-// lanes; plan_header says which dtypes).
-inline int choose_block_log2(uint64_t nsym, Codec codec = Codec::Rans) {
-  if (codec == Codec::Rans && nsym >= kWideMinSymbols) return kWideBlockLog2;
+// up to 2^14; where 64 lanes are allowed (`wide`: plan_header says which
+// codec and dtypes), kWideBlockLog2 from kWideMinSymbols on.
+inline int choose_block_log2(uint64_t nsym, bool wide) {
+  if (wide && nsym >= kWideMinSymbols) return kWideBlockLog2;
   int lg = 12;
   while (lg < kWideBlockLog2 - 1 && (nsym >> (lg + 1)) >= 256) ++lg;
   return lg;
@@ -268,7 +268,7 @@ inline Header plan_header(DType d, uint64_t numel, const int64_t* shape, int ndi
     h.codec = codec;
     // fp32 stays at 32 lanes: its 64-lane decoder measured slower (bench/NOTES.md, format v4).
     const bool wide = codec == Codec::Rans && d != DType::Float32;
-    h.block_log2 = static_cast<uint8_t>(choose_block_log2(num_symbols(d, numel), wide ? codec : Codec::Fixed));
+    h.block_log2 = static_cast<uint8_t>(choose_block_log2(num_symbols(d, numel), wide));
     h.lanes = wide && h.block_log2 == kWideBlockLog2 ? kWideLanes : kLanes;
   }
   return h;
