@@ -23,25 +23,27 @@ namespace pz::gpu {
 #define PZ_BOUNDS_16 __launch_bounds__(kCtaThreads, 16)
 #define PZ_BOUNDS_OF(M) PZ_BOUNDS(M)  // expands M first
 // T: the codec token of the name (kernel_names.h), S: rANS states a lane
-// (0: from each tensor's header), M: CTAs per SM (PZ_BOUNDS).
+// (gpu_params.h, compress_states; 0: from each tensor's header), M: CTAs per
+// SM (PZ_BOUNDS).
 #define PZ_COMPRESS(D, A, C, T, B, S, M)                                                                       \
   extern "C" PZ_GLOBAL void PZ_BOUNDS_OF(M) pz_compress_##D##_##A##_##T##_##B(CompressLaunch l) {            \
     compress_kernel<fmt::DType::D, A, fmt::Codec::C, B, S>(l);                                                  \
   }
 #define PZ_DECOMPRESS(D, C, T, S, M)                                                                        \
-  extern "C" PZ_GLOBAL void PZ_BOUNDS_OF(M) pz_decompress_##D##_##T(DecompressParams p) {                    \
-    decompress_kernel<fmt::DType::D, fmt::Codec::C, S>(p);                                                  \
+  extern "C" PZ_GLOBAL void PZ_BOUNDS_OF(M) pz_decompress_##D##_##T(DecompressLaunch d) {                    \
+    decompress_kernel<fmt::DType::D, fmt::Codec::C, S>(d);                                                  \
   }
-// Single tensors, aligned or not, rANS with 32 or 64 lanes; batches take
-// aligned inputs only, and rANS batches either lane count. WD, GD: CTAs per
-// SM of the 64-lane decoders and of the device-parsed decode of any stream.
+// Aligned single tensors: a kernel per codec and lane count; unaligned
+// ones and batches: one per codec (rANS: either lane count). The rANS
+// decompress kernels also run the fast path of a device-parsed decode. WD,
+// GD: CTAs per SM of the 64-lane decoder and of the device-parsed decode of
+// any stream.
 #define PZ_CODED(D, WD, GD)                                                                                 \
   PZ_COMPRESS(D, true, Fixed, Fixed, false, 1, 0)                                                           \
   PZ_COMPRESS(D, false, Fixed, Fixed, false, 1, 0)                                                          \
   PZ_COMPRESS(D, true, Rans, Rans, false, 1, 0)                                                             \
-  PZ_COMPRESS(D, false, Rans, Rans, false, 1, 0)                                                            \
   PZ_COMPRESS(D, true, Rans, RansWide, false, 2, PZ_WIDE_COMPRESS_CTAS)                                     \
-  PZ_COMPRESS(D, false, Rans, RansWide, false, 2, PZ_WIDE_COMPRESS_CTAS)                                    \
+  PZ_COMPRESS(D, false, Rans, Rans, false, 0, 0)                                                            \
   PZ_COMPRESS(D, true, Fixed, Fixed, true, 1, 0)                                                            \
   PZ_COMPRESS(D, true, Rans, Rans, true, 0, 0)                                                              \
   PZ_DECOMPRESS(D, Fixed, Fixed, 1, 0)                                                                      \
@@ -49,12 +51,6 @@ namespace pz::gpu {
   PZ_DECOMPRESS(D, Rans, RansWide, 2, WD)                                                                   \
   extern "C" PZ_GLOBAL void PZ_BOUNDS_OF(GD) pz_decode_##D(DeviceDecodeLaunch l) {                         \
     device_decode_kernel<fmt::DType::D>(l);                                                                 \
-  }                                                                                                         \
-  extern "C" PZ_GLOBAL void __launch_bounds__(kCtaThreads) pz_decode_fast_##D##_Rans(FastDecode f) {        \
-    fast_decode_kernel<fmt::DType::D, 1>(f);                                                                \
-  }                                                                                                         \
-  extern "C" PZ_GLOBAL void PZ_BOUNDS_OF(WD) pz_decode_fast_##D##_RansWide(FastDecode f) {                  \
-    fast_decode_kernel<fmt::DType::D, 2>(f);                                                                \
   }
 
 // 16 CTAs: 64 registers (measured: bf16 1 GiB decode 995 -> 1126 GB/s

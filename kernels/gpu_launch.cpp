@@ -83,7 +83,7 @@ static int spill_ctas(const fmt::Header& h0, int n, uint64_t tickets, int device
   *ctas = 0;
   if (h0.codec != fmt::Codec::Rans) return kOk;
   Ready r;
-  const uint64_t smem = gpu::kGroupsPerCta * gpu::compress_smem_per_group(h0.lanes, n > 1);
+  const uint64_t smem = gpu::kGroupsPerCta * gpu::compress_smem_per_group(gpu::compress_states(h0.lanes, true, n > 1));
   if (const int rc = ready(device, gpu::compress_name(h0.dtype, true, h0.codec, n > 1, h0.lanes), smem, &r)) return rc;
   uint64_t cap = static_cast<uint64_t>(r.sms) * static_cast<uint64_t>(r.per_sm > 0 ? r.per_sm : 1);
   if (cap > gpu::kSpillCtas) cap = gpu::kSpillCtas;
@@ -159,7 +159,8 @@ int gpu_compress_batch(const uint8_t* const* ins, const fmt::Header* hs, uint8_t
   // Single tensors read their parameters from the launch (no staging): a
   // separate kernel, 13% faster at 256 MiB than the batched one. Batches take
   // aligned inputs only (callers send the rest one by one).
-  const uint64_t smem = gpu::kGroupsPerCta * gpu::compress_smem_per_group(hs[0].lanes, n > 1);
+  const uint64_t smem =
+      gpu::kGroupsPerCta * gpu::compress_smem_per_group(gpu::compress_states(hs[0].lanes, aligned, n > 1));
   Ready r;
   if (const int rc = ready(device, gpu::compress_name(hs[0].dtype, aligned, hs[0].codec, n > 1, hs[0].lanes), smem, &r))
     return rc;
@@ -249,14 +250,14 @@ int gpu_decompress(const uint8_t* in, const fmt::Header& h, uint8_t* out, uint32
     return kBadArgument;
   }
   const fmt::Layout l = fmt::layout_of(h);
-  gpu::DecompressParams p{in, out, err, h};
+  gpu::DecompressLaunch d{gpu::DecompressParams{in, out, err, h}, nullptr};
   // The fixed code needs no shared tables, so its kernel runs at full occupancy.
   const bool fixed = h.codec == fmt::Codec::Fixed;
   const uint64_t smem = fixed ? 0 : gpu::kGroupsPerCta * gpu::kDecompressSmemPerGroup;
   Ready r;
   if (const int rc = ready(device, gpu::decompress_name(h.dtype, h.codec, h.lanes), smem, &r)) return rc;
   const uint64_t grid = (l.nblocks + gpu::kGroupsPerCta - 1) / gpu::kGroupsPerCta;
-  return run(r, persistent_grid(r, grid, max_sms), smem, stream, p, "launching the decompress kernel");
+  return run(r, persistent_grid(r, grid, max_sms), smem, stream, d, "launching the decompress kernel");
 }
 
 uint64_t gpu_decode_batch_workspace_bytes(int n) {
@@ -320,12 +321,11 @@ int gpu_decode_batch(const uint8_t* const* ins, const uint64_t* in_lens, uint8_t
   int rc = run(r, persistent_grid(r, tickets, max_sms), smem, stream, launch, "launching the decode kernel");
   if (rc || !jobs[0].fast_total) return rc;
   // One expected rANS stream: the general kernel above parsed it and left its total for the fast path.
-  gpu::FastDecode f{};
-  f.p = gpu::DecompressParams{ins[0], outs[0], errs[0], expects[0]};
-  f.total = jobs[0].fast_total;
+  gpu::DecompressLaunch f{gpu::DecompressParams{ins[0], outs[0], errs[0], expects[0]}, jobs[0].fast_total};
   Ready fr;
-  if ((rc = ready(device, gpu::fast_decode_name(kernel_dtype, expects[0].lanes), smem, &fr))) return rc;
-  return run(fr, persistent_grid(fr, (jobs[0].work + gpu::kGroupsPerCta - 1) / gpu::kGroupsPerCta, max_sms), smem, stream, f, "launching the decode kernel");
+  if ((rc = ready(device, gpu::decompress_name(kernel_dtype, fmt::Codec::Rans, expects[0].lanes), smem, &fr))) return rc;
+  return run(fr, persistent_grid(fr, (jobs[0].work + gpu::kGroupsPerCta - 1) / gpu::kGroupsPerCta, max_sms), smem,
+             stream, f, "launching the decode kernel");
 }
 
 int gpu_device_info(int device, int* warp_size, int* sm_count) {

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "portable_zip/format.h"
+#include "portable_zip/gpu_params.h"
 
 namespace pz::gpu {
 
@@ -26,12 +27,16 @@ inline const char* codec_token(fmt::Codec c, int lanes) {
 }
 
 // pz_compress_<dtype>_<aligned>_<codec>_<batched>, e.g. pz_compress_BFloat16_true_Rans_false.
-// A batch's rANS kernel serves both lane counts (each tensor's header says).
+// Batches and unaligned inputs have one rANS kernel for both lane counts
+// (each tensor's header says: gpu_params.h, compress_states).
 inline std::string compress_name(fmt::DType d, bool aligned, fmt::Codec c, bool batched, int lanes) {
   return std::string("pz_compress_") + dtype_token(d) + (aligned ? "_true_" : "_false_") +
-         codec_token(c, batched ? fmt::kLanes : lanes) + (batched ? "_true" : "_false");
+         codec_token(c, gpu::compress_states(lanes, aligned, batched) == 2 ? fmt::kWideLanes : fmt::kLanes) +
+         (batched ? "_true" : "_false");
 }
 
+// pz_decompress_<dtype>_<codec>: a stream's decode, host-parsed or the fast
+// path of a device-parsed one (gpu_params.h, DecompressLaunch).
 inline std::string decompress_name(fmt::DType d, fmt::Codec c, int lanes) {
   return std::string("pz_decompress_") + dtype_token(d) + "_" + codec_token(c, lanes);
 }
@@ -39,11 +44,6 @@ inline std::string decompress_name(fmt::DType d, fmt::Codec c, int lanes) {
 // pz_decode_<dtype>: the device-parsed decode of one coded dtype; pz_decode_Raw: of every other dtype.
 inline std::string device_decode_name(fmt::DType d) {
   return std::string("pz_decode_") + (dtype_token(d) ? dtype_token(d) : "Raw");
-}
-
-// pz_decode_fast_<dtype>_<codec>: the expected rANS stream of one output, its parameters from the launch.
-inline std::string fast_decode_name(fmt::DType d, int lanes) {
-  return std::string("pz_decode_fast_") + dtype_token(d) + "_" + codec_token(fmt::Codec::Rans, lanes);
 }
 
 inline std::string raw_name(bool encode, bool vec, bool is_bool) {

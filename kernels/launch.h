@@ -48,7 +48,7 @@ int gpu_decompress(const uint8_t* in, const fmt::Header& h, uint8_t* out, uint32
 // described by expects[j] (plan_header of the output's dtype and shape), and
 // ORs DecodeError bits into *errs[j] (device), kErrHeader and kErrMismatch
 // included. One launch for jobs of one coded dtype, or of dtypes never coded;
-// a single rANS job gets a second, its fast path (gpu_params.h, FastDecode).
+// a single rANS job gets a second, its fast path (gpu_params.h, DecompressLaunch).
 // Workspace: gpu_decode_batch_workspace_bytes(n) bytes, 16-byte aligned.
 uint64_t gpu_decode_batch_workspace_bytes(int n);
 int gpu_decode_batch(const uint8_t* const* ins, const uint64_t* in_lens, uint8_t* const* outs, uint32_t* const* errs,

@@ -575,7 +575,7 @@ PZ_DEVICE PZ_FORCE_INLINE void compress_ticket(const CompressParams& p, uint64_t
   const fmt::Layout l = fmt::layout_of(h);
   const int lane = group_lane();
   const int group = static_cast<int>(threadIdx.x) / fmt::kLanes;
-  using Smem = CompressSmem<S == 0 ? kStagingBytes : compress_staging(S * fmt::kLanes, false)>;
+  using Smem = CompressSmem<compress_staging(S)>;
   Smem& s = reinterpret_cast<Smem*>(smem)[group];
     const uint64_t b = ticket * kGroupsPerCta + group;
     const bool active = b < l.nblocks;

@@ -488,18 +488,12 @@ PZ_DEVICE PZ_FORCE_INLINE void decompress_blocks(const DecompressParams& p, uint
     decode_unit<D, C, S>(p, l, b, s);
 }
 
+// Host-parsed, or the fast path of a device-parsed decode (DecompressLaunch).
 template <fmt::DType D, fmt::Codec C, int S>
-PZ_DEVICE PZ_FORCE_INLINE void decompress_kernel(DecompressParams p) {
-  decompress_blocks<D, C, S>(p, p.h.total_bytes);
-}
-
-// The fast path of a device-parsed decode (FastDecode): only the total comes
-// from the stream, every other field is the launch's (S: its lanes / 32).
-template <fmt::DType D, int S>
-PZ_DEVICE PZ_FORCE_INLINE void fast_decode_kernel(FastDecode f) {
-  const uint64_t total = *f.total;
-  if (!total) return;  // grid-uniform
-  decompress_blocks<D, fmt::Codec::Rans, S>(f.p, total);
+PZ_DEVICE PZ_FORCE_INLINE void decompress_kernel(DecompressLaunch d) {
+  const uint64_t total = d.total ? *d.total : d.p.h.total_bytes;
+  if (!total) return;  // grid-uniform: not the expected stream
+  decompress_blocks<D, C, S>(d.p, total);
 }
 
 // Decode with the header parsed on the device: the host queues it knowing
@@ -558,7 +552,7 @@ PZ_DEVICE PZ_FORCE_INLINE void device_decode_kernel(DeviceDecodeLaunch launch) {
           // A coded kernel serves its own dtype only (the launcher's choice).
           if (D != fmt::DType::Invalid && parsed.codec != fmt::Codec::Raw && parsed.dtype != D) e = kErrMismatch;
         }
-        // As expected: the FastDecode queued after this launch decodes it.
+        // As expected: the DecompressLaunch queued after this launch decodes it.
         const bool fast = w.fast_total && !e && same_plan(parsed, w.expect);
         if (w.fast_total && local == 0) *w.fast_total = fast ? parsed.total_bytes : 0;
         if (fast) e = kSkip;

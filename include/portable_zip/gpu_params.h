@@ -51,19 +51,21 @@ struct DeviceDecode {
   uint32_t* err;    // DecodeError bits are OR-ed in (a header's: kErrHeader, kErrMismatch)
   uint64_t work;    // the most blocks (or raw chunks) this encoder writes for the output; a stream with
                     // more is decoded by one ticket
-  uint64_t* fast_total;  // with a FastDecode queued after this launch: where the job's first ticket writes
+  uint64_t* fast_total;  // with a DecompressLaunch queued after this launch: where the job's first ticket writes
                          // the stream's total if it is as expected (the fast kernel decodes it), else 0
   fmt::Header expect;
 };
 
-// The fast path of one device-parsed decode, queued after the general kernel
-// has parsed the header: the stream this encoder writes for the output (p.h =
-// plan_header: version, rANS, block size), passed by value so the decode
-// loop reads its parameters from the launch as the host-parsed kernels do
-// (read from shared memory, or with the parse in the same kernel, they cost
-// 10-30% more registers, and occupancy with them). *total: 0 when the stream
-// is not as expected (the general kernel decoded or rejected it).
-struct FastDecode {
+// A decode whose header the host knows (p.h), the launch of every
+// pz_decompress kernel. total: null when the host parsed the stream, else
+// the fast path of one device-parsed decode, queued after the general
+// kernel has parsed the header: p.h is then the stream this encoder writes
+// for the output (plan_header: version, codec, block size), and *total the
+// stream's total if it is that stream, else 0 (the general kernel decoded
+// or rejected it). By value, so the decode loop reads its parameters from
+// the launch (from shared memory, or with the parse in the same kernel,
+// they cost 10-30% more registers, and occupancy with them).
+struct DecompressLaunch {
   DecompressParams p;
   const uint64_t* total;
 };
@@ -149,13 +151,18 @@ struct alignas(16) CompressSmem {
 static_assert(sizeof(CompressSmem<kStagingBytes>) == 256 * 8 + 256 * 2 + kStagingBytes &&
                   sizeof(CompressSmem<kWideStagingBytes>) == 256 * 8 + 256 * 2 + kWideStagingBytes,
               "no padding between the parts");
-// Staging bytes of a compress kernel: the single-tensor 64-lane ones stage more.
-PZ_HOST_DEVICE constexpr uint32_t compress_staging(int lanes, bool batched) {
-  return lanes == fmt::kWideLanes && !batched ? kWideStagingBytes : kStagingBytes;
+// rANS states a lane of the compress kernel for a tensor (gpu_kernels.cu):
+// 1 or 2 (32 or 64 lanes) for an aligned single tensor; 0, each tensor's
+// header choosing, for batches and unaligned inputs (rarer paths, not worth
+// a kernel per lane count). The aligned 64-lane kernel stages more.
+PZ_HOST_DEVICE constexpr int compress_states(int lanes, bool aligned, bool batched) {
+  return batched || !aligned ? 0 : lanes / fmt::kLanes;
 }
-PZ_HOST_DEVICE constexpr uint64_t compress_smem_per_group(int lanes, bool batched) {
-  return compress_staging(lanes, batched) == kWideStagingBytes ? sizeof(CompressSmem<kWideStagingBytes>)
-                                                               : sizeof(CompressSmem<kStagingBytes>);
+PZ_HOST_DEVICE constexpr uint32_t compress_staging(int states) {
+  return states == 2 ? kWideStagingBytes : kStagingBytes;
+}
+PZ_HOST_DEVICE constexpr uint64_t compress_smem_per_group(int states) {
+  return states == 2 ? sizeof(CompressSmem<kWideStagingBytes>) : sizeof(CompressSmem<kStagingBytes>);
 }
 
 // Shared memory per group for the rANS decoder (the fixed code needs none).

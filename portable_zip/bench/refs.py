@@ -160,6 +160,17 @@ def ours_api(inputs: List[torch.Tensor], max_sms=None) -> Prepared:
     return comp, decomp, pz.compressed_size(bufs[0])
 
 
+def ours_unaligned(inputs: List[torch.Tensor], max_sms=None) -> Prepared:
+    """ours on views that start one element into their allocation: inputs not
+    16-byte aligned, which take the unaligned compress kernels."""
+    views = []
+    for t in inputs:
+        v = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)[1:]
+        views.append(v.copy_(t.reshape(-1)))
+    assert views[0].data_ptr() % 16 != 0
+    return ours(views, max_sms)
+
+
 def ours_batch(inputs: List[torch.Tensor], max_sms=None, count: int = 64) -> Prepared:
     """compress_batch of `count` tensors, each the size of one input: one launch per call."""
     import portable_zip as pz
@@ -184,6 +195,6 @@ def ours_batch(inputs: List[torch.Tensor], max_sms=None, count: int = 64) -> Pre
     return comp, decomp, size / count
 
 
-SYSTEMS = {"ours": ours, "ours-api": ours_api, "ours-batch": ours_batch, "ours-fixed": ours_fixed, "nvcomp": nvcomp_ans, "dietgpu": dietgpu_float}
-LABELS = {"ours": "portable_zip rANS", "ours-api": "portable_zip public API (no host sync)", "ours-batch": "portable_zip compress_batch (64 tensors, one launch)", "ours-fixed": "portable_zip fixed", "nvcomp": "nvCOMP 6.0 ANS (<f2)",
+SYSTEMS = {"ours": ours, "ours-api": ours_api, "ours-unaligned": ours_unaligned, "ours-batch": ours_batch, "ours-fixed": ours_fixed, "nvcomp": nvcomp_ans, "dietgpu": dietgpu_float}
+LABELS = {"ours": "portable_zip rANS", "ours-api": "portable_zip public API (no host sync)", "ours-unaligned": "portable_zip rANS, unaligned inputs", "ours-batch": "portable_zip compress_batch (64 tensors, one launch)", "ours-fixed": "portable_zip fixed", "nvcomp": "nvCOMP 6.0 ANS (<f2)",
           "dietgpu": "DietGPU float"}
