@@ -79,38 +79,46 @@ if("cuda" IN_LIST PZ_BACKEND)
     if(NOT PZ_NVCC)
       message(FATAL_ERROR "PZ_CUDA_COMPILER=nvcc but nvcc is not on PATH")
     endif()
+    # The newest arch's cubin comes from its PTX (ptxas alone, the same
+    # bytes as from the source): one front-end pass fewer.
+    set(ptx "${PZ_DEVICE_DIR}/compute_${pz_newest}.ptx")
+    add_custom_command(OUTPUT "${ptx}"
+      COMMAND "${PZ_NVCC}" ${PZ_DEVICE_FLAGS} -ptx -arch=compute_${pz_newest} "${PZ_KERNEL_SRC}" -o "${ptx}"
+      DEPENDS ${PZ_DEVICE_DEPS} COMMENT "nvcc: compute_${pz_newest} PTX" VERBATIM)
+    list(APPEND PZ_DEVICE_FILES "${ptx}")
     foreach(sm ${PZ_CUDA_ARCHS})
       set(out "${PZ_DEVICE_DIR}/sm_${sm}.cubin")
-      add_custom_command(OUTPUT "${out}"
-        COMMAND "${PZ_NVCC}" ${PZ_DEVICE_FLAGS} -cubin -gencode arch=compute_${sm},code=sm_${sm} "${PZ_KERNEL_SRC}" -o "${out}"
-        DEPENDS ${PZ_DEVICE_DEPS} COMMENT "nvcc: sm_${sm} cubin" VERBATIM)
+      if(sm STREQUAL pz_newest)
+        add_custom_command(OUTPUT "${out}" COMMAND "${PZ_NVCC}" -cubin -arch=sm_${sm} "${ptx}" -o "${out}"
+          DEPENDS "${ptx}" COMMENT "nvcc: sm_${sm} cubin from PTX" VERBATIM)
+      else()
+        add_custom_command(OUTPUT "${out}"
+          COMMAND "${PZ_NVCC}" ${PZ_DEVICE_FLAGS} -cubin -gencode arch=compute_${sm},code=sm_${sm} "${PZ_KERNEL_SRC}" -o "${out}"
+          DEPENDS ${PZ_DEVICE_DEPS} COMMENT "nvcc: sm_${sm} cubin" VERBATIM)
+      endif()
       list(APPEND PZ_DEVICE_FILES "${out}")
     endforeach()
-    set(out "${PZ_DEVICE_DIR}/compute_${pz_newest}.ptx")
-    add_custom_command(OUTPUT "${out}"
-      COMMAND "${PZ_NVCC}" ${PZ_DEVICE_FLAGS} -ptx -arch=compute_${pz_newest} "${PZ_KERNEL_SRC}" -o "${out}"
-      DEPENDS ${PZ_DEVICE_DEPS} COMMENT "nvcc: compute_${pz_newest} PTX" VERBATIM)
-    list(APPEND PZ_DEVICE_FILES "${out}")
   elseif(PZ_CUDA_COMPILER STREQUAL "nvrtc")
     # NVRTC (PyPI's nvidia-cuda-nvrtc-cu12: ci/nvrtc) is nvcc's front end as
     # a library: a cubin per arch and the newest arch's PTX, no toolkit needed.
     if(NOT EXISTS "${PZ_NVRTC}")
       message(FATAL_ERROR "PZ_CUDA_COMPILER=nvrtc needs PZ_NVRTC, the path of libnvrtc.so.12 (bash ci/nvrtc DIR prints one)")
     endif()
-    foreach(target ${PZ_CUDA_ARCHS} compute)
-      if(target STREQUAL "compute")
-        set(arch compute_${pz_newest})
-        set(out "${PZ_DEVICE_DIR}/compute_${pz_newest}.ptx")
-      else()
-        set(arch sm_${target})
-        set(out "${PZ_DEVICE_DIR}/sm_${target}.cubin")
+    # The newest arch's compile writes its PTX too: one pass fewer.
+    foreach(sm ${PZ_CUDA_ARCHS})
+      set(out "${PZ_DEVICE_DIR}/sm_${sm}.cubin")
+      set(ptx_args "")
+      set(outs "${out}")
+      if(sm STREQUAL pz_newest)
+        set(ptx_args --ptx "${PZ_DEVICE_DIR}/compute_${sm}.ptx")
+        list(APPEND outs "${PZ_DEVICE_DIR}/compute_${sm}.ptx")
       endif()
-      add_custom_command(OUTPUT "${out}"
+      add_custom_command(OUTPUT ${outs}
         COMMAND "${Python_EXECUTABLE}" "${CMAKE_CURRENT_SOURCE_DIR}/cmake/nvrtc_compile.py" --nvrtc "${PZ_NVRTC}"
-                --arch ${arch} -I "${CMAKE_CURRENT_SOURCE_DIR}/include" -I "${CMAKE_CURRENT_SOURCE_DIR}/kernels"
+                --arch sm_${sm} ${ptx_args} -I "${CMAKE_CURRENT_SOURCE_DIR}/include" -I "${CMAKE_CURRENT_SOURCE_DIR}/kernels"
                 -I "${CMAKE_CURRENT_SOURCE_DIR}/kernels/nvrtc" "${PZ_KERNEL_SRC}" -o "${out}"
-        DEPENDS ${PZ_DEVICE_DEPS} "${CMAKE_CURRENT_SOURCE_DIR}/cmake/nvrtc_compile.py" COMMENT "nvrtc: ${arch}" VERBATIM)
-      list(APPEND PZ_DEVICE_FILES "${out}")
+        DEPENDS ${PZ_DEVICE_DEPS} "${CMAKE_CURRENT_SOURCE_DIR}/cmake/nvrtc_compile.py" COMMENT "nvrtc: sm_${sm}" VERBATIM)
+      list(APPEND PZ_DEVICE_FILES ${outs})
     endforeach()
   else()
     message(FATAL_ERROR "PZ_CUDA_COMPILER must be nvcc or nvrtc (got '${PZ_CUDA_COMPILER}')")

@@ -2,9 +2,10 @@
 """Compiles the device module with NVRTC, NVIDIA's compiler as a library
 (PyPI: nvidia-cuda-nvrtc-cu12), where no nvcc is installed:
 
-    nvrtc_compile.py --nvrtc libnvrtc.so.12 --arch sm_90|compute_90 -I DIR... SRC -o OUT
+    nvrtc_compile.py --nvrtc libnvrtc.so.12 --arch sm_90|compute_90 [--ptx PTX] -I DIR... SRC -o OUT
 
-sm_XY writes a cubin, compute_XY PTX. NVRTC runs nvcc's own front end and
+sm_XY writes a cubin (and with --ptx, the same compile's PTX: that of
+compute_XY), compute_XY PTX. NVRTC runs nvcc's own front end and
 optimizer, so the code matches an nvcc build of the same CUDA version."""
 import argparse
 import ctypes
@@ -17,6 +18,7 @@ def main() -> int:
     ap.add_argument("--arch", required=True)
     ap.add_argument("-I", dest="includes", action="append", default=[])
     ap.add_argument("-o", dest="out", required=True)
+    ap.add_argument("--ptx", help="with an sm_XY arch: also write the compile's PTX here")
     ap.add_argument("src")
     a = ap.parse_args()
     lib = ctypes.CDLL(a.nvrtc)
@@ -41,13 +43,18 @@ def main() -> int:
         sys.stderr.write(log.value.decode(errors="replace"))
         check(rc, f"compiling {a.src} for {a.arch}")
     cubin = a.arch.startswith("sm_")
-    get_size, get = (lib.nvrtcGetCUBINSize, lib.nvrtcGetCUBIN) if cubin else (lib.nvrtcGetPTXSize, lib.nvrtcGetPTX)
-    check(get_size(prog, ctypes.byref(size)), "sizing the output")
-    buf = ctypes.create_string_buffer(size.value)
-    check(get(prog, buf), "reading the output")
-    data = buf.raw if cubin else buf.raw.rstrip(b"\0")
-    with open(a.out, "wb") as f:
-        f.write(data)
+
+    def output(get_size, get, path, text):
+        check(get_size(prog, ctypes.byref(size)), "sizing the output")
+        buf = ctypes.create_string_buffer(size.value)
+        check(get(prog, buf), "reading the output")
+        with open(path, "wb") as f:
+            f.write(buf.raw.rstrip(b"\0") if text else buf.raw)
+
+    if cubin:
+        output(lib.nvrtcGetCUBINSize, lib.nvrtcGetCUBIN, a.out, False)
+    if not cubin or a.ptx:
+        output(lib.nvrtcGetPTXSize, lib.nvrtcGetPTX, a.ptx if cubin else a.out, True)
     lib.nvrtcDestroyProgram(ctypes.byref(prog))
     return 0
 

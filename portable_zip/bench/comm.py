@@ -8,6 +8,7 @@ Links between two GPUs of one host (settings from DESIGN.md):
 """
 from __future__ import annotations
 
+import ctypes
 import datetime
 import os
 import socket
@@ -36,9 +37,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _entry(rank, world, port, env, backend, pg_timeout, fn, args, queue):
-    os.environ.update(SAFE_ENV)
-    os.environ.update(env)
+def _entry(rank, world, port, environ, backend, pg_timeout, fn, args, queue):
+    # A forked rank (forkserver) has its server's environment: take the caller's.
+    os.environ.clear()
+    os.environ.update(environ)
+    if "MALLOC_MMAP_THRESHOLD_" in environ:  # glibc reads it at exec, which a forked rank skipped
+        ctypes.CDLL(None).mallopt(-3, int(environ["MALLOC_MMAP_THRESHOLD_"]))  # M_MMAP_THRESHOLD
+    if "OMP_NUM_THREADS" in environ:  # likewise OpenMP, loaded with torch
+        torch.set_num_threads(int(environ["OMP_NUM_THREADS"]))
     try:
         if backend is None:
             backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= world else "gloo"
@@ -55,15 +61,29 @@ def _entry(rank, world, port, env, backend, pg_timeout, fn, args, queue):
         os._exit(0)  # skip process-group teardown, which can block when a peer is gone
 
 
+def _context(backend):
+    """gloo ranks fork from a server that imported torch once (stdlib
+    forkserver: no threads, no CUDA), so a rank starts in milliseconds, not
+    the ~2 s of CPU a fresh interpreter spends importing torch (on 2 cores:
+    tests/test_comm.py 278 -> 135 s). Other backends spawn a fresh
+    interpreter, as CUDA wants."""
+    if backend != "gloo":
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "torch.distributed", "numpy"])
+    return ctx
+
+
 def run_ranks(world: int, fn, *args, env=None, backend=None, deadline: float = 580.0,
               pg_timeout: float = 300.0) -> dict:
     """Run fn(rank, world, *args) on `world` local processes (NCCL when there
     are enough GPUs, else gloo, unless backend says). Returns {rank: ("ok",
     value) | ("error", text) | ("hung", "")}: a rank silent at the deadline is killed."""
-    ctx = mp.get_context("spawn")
+    ctx = _context(backend)
     queue = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_entry, args=(r, world, port, env or {}, backend, pg_timeout, fn, args, queue),
+    environ = {**os.environ, **SAFE_ENV, **(env or {})}
+    procs = [ctx.Process(target=_entry, args=(r, world, port, environ, backend, pg_timeout, fn, args, queue),
                          daemon=True) for r in range(world)]
     for p in procs:
         p.start()
