@@ -21,8 +21,21 @@ if not (torch.cuda.is_available() and pz.backend_info()["backend"] in ("cuda", "
 DEV = "cuda"
 
 
-def gpu_roundtrip(t_cpu: torch.Tensor, codec: str = "rans") -> None:
-    t = t_cpu.to(DEV)
+def device_view(t_cpu: torch.Tensor, offset: int) -> torch.Tensor:
+    """t_cpu's values on the GPU, `offset` elements into their storage (a CPU
+    view moved with .to() lands at the start of a new, aligned allocation)."""
+    flat = t_cpu.reshape(-1)
+    base = torch.empty(flat.numel() + offset, dtype=t_cpu.dtype, device=DEV)
+    v = base[offset:].view(t_cpu.shape)
+    v.copy_(t_cpu)
+    assert (v.data_ptr() % 16 != 0) == (offset * t_cpu.element_size() % 16 != 0)
+    return v
+
+
+def gpu_roundtrip(t_cpu: torch.Tensor, codec: str = "rans", offset: int = 0) -> None:
+    """offset: compress a GPU view that many elements into its storage (the
+    unaligned kernels when that is not a multiple of 16 bytes)."""
+    t = device_view(t_cpu, offset) if offset else t_cpu.to(DEV)
     padded = pz.compress(t, codec=codec)
     gpu_stream = pz.trim(padded)
     cpu_stream = pz.compress(t_cpu, codec=codec)
@@ -58,7 +71,7 @@ def test_gpu_sizes_past_staging_every_path():
     rng = fresh_rng()
     t = torch.from_numpy(rng.standard_normal((1 << 23) + 14_000).astype(np.float32)).to(torch.float16)
     gpu_roundtrip(t)  # the last block: 14,000 symbols, ~9.8 KB
-    gpu_roundtrip(t[1:])
+    gpu_roundtrip(t, offset=1)
     u = torch.from_numpy(rng.standard_normal(1 << 23).astype(np.float32)).to(torch.float16)
     ts = [t, u]
     for got, x in zip(pz.compress_batch([x.to(DEV) for x in ts]), ts):
@@ -66,6 +79,24 @@ def test_gpu_sizes_past_staging_every_path():
     one = pz.trim(pz.compress(u.to(DEV), max_sms=1)).cpu()
     assert torch.equal(one, pz.compress(u))
     assert same_bits(pz.decompress(one.to(DEV)).cpu(), u)
+
+
+def test_gpu_unaligned_every_misalignment(coded_dtype):
+    """Views at every misalignment their dtype allows (the unaligned kernels
+    load the 16-byte vectors around each chunk and shift them; the tensor's
+    first chunk and the chunks near its end go element by element): sizes
+    below one vector span, one row, a block's partial rows, several blocks,
+    both codecs and 64 lanes, each against the CPU's bytes."""
+    rng = fresh_rng()
+    esize = torch.empty(0, dtype=coded_dtype).element_size()
+    for offset in range(1, 16 // esize):
+        for numel in (1, 9, 300, 4097 + 3 * offset, 70_001):
+            gpu_roundtrip(weights(rng, numel, coded_dtype), offset=offset)
+            gpu_roundtrip(random_bits(rng, numel, coded_dtype), offset=offset)
+            gpu_roundtrip(weights(rng, numel, coded_dtype), "fixed", offset=offset)
+    gpu_roundtrip(weights(rng, (1 << 20) + 5, coded_dtype), offset=1)
+    with forced_plan(15, 64):
+        gpu_roundtrip(weights(rng, (1 << 17) + 77, coded_dtype), offset=16 // esize - 1)
 
 
 @pytest.mark.parametrize("numel", [1, 33, 4097, 65537, (1 << 22) + 3])
@@ -155,7 +186,7 @@ def test_gpu_wide_lanes_every_path():
     gpu_roundtrip(big)
     with forced_plan(15, 64):
         t = weights(rng, (1 << 20) + 1000, torch.bfloat16)
-        gpu_roundtrip(t[3:])
+        gpu_roundtrip(t, offset=3)
         one = pz.trim(pz.compress(t.to(DEV), max_sms=1)).cpu()
         assert torch.equal(one, pz.compress(t))
         assert same_bits(pz.decompress(one.to(DEV), max_sms=1).cpu(), t)
@@ -341,8 +372,7 @@ def test_gpu_compress_batch_one_launch(codec):
     ts = [weights(rng, n, torch.bfloat16) for n in (0, 1, 4097, 300_001, 1 << 20)]
     ts += [weights(rng, n, torch.float8_e4m3fn) for n in (1, 70_001)]
     ts += [random_bits(rng, 65_537, torch.float16), random_bits(rng, 999, torch.int32)]
-    ts += [weights(rng, 50_001, torch.bfloat16)[1:]]  # a view 2 bytes into its storage
-    ts = [t.to(DEV) for t in ts]
+    ts = [t.to(DEV) for t in ts] + [device_view(weights(rng, 50_001, torch.bfloat16), 1)]  # 2 bytes into its storage
     bufs = pz.compress_batch(ts, codec=codec)
     for t, b in zip(ts, bufs):
         assert torch.equal(pz.trim(b), pz.trim(pz.compress(t.contiguous() if t.storage_offset() else t, codec=codec)))

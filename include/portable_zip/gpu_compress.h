@@ -145,6 +145,63 @@ PZ_DEVICE PZ_FORCE_INLINE RawChunk<D> load_raw(const uint8_t* in, uint64_t sym_i
   return r;
 }
 
+// Chunk loads of one input. Aligned: 16-byte vectors. Unaligned (a view may
+// start anywhere): the vectors of the 16-byte-aligned span around the chunk
+// (one more than the chunk), shifted by the input's misalignment: the
+// aligned kernel's loop at 2 loads a chunk instead of 8-16 byte loads. Every
+// byte read lies inside the tensor, so the tensor's first chunk and its last
+// few are split element by element instead (vec() is false for them).
+template <fmt::DType D, bool Aligned>
+struct ChunkLoader {
+  static constexpr uint32_t kVecs = kSymBytes<D> / 2;  // a chunk's 16-byte vectors
+  const CompressParams& p;  // (aligned: nothing else, so the input stays a launch parameter)
+  uint32_t shift = 0;       // unaligned: the input's misalignment
+  uint64_t last = 0;        // unaligned: the last chunk offset (bytes) whose span ends inside the tensor
+
+  PZ_DEVICE PZ_FORCE_INLINE explicit ChunkLoader(const CompressParams& q) : p(q) {
+    if constexpr (!Aligned) {
+      shift = static_cast<uint32_t>(reinterpret_cast<uintptr_t>(p.in) & 15);
+      const uint64_t len = p.h.numel * static_cast<uint64_t>(fmt::elem_size(D));
+      const uint64_t span = 16 * (kVecs + 1) - shift;  // bytes read past a chunk's start
+      last = len >= span ? len - span : 0;
+    }
+  }
+  // Whether the chunk of symbols [sym, sym + 8) may be loaded as vectors
+  // (the caller has checked that its symbols are in the tensor).
+  PZ_DEVICE PZ_FORCE_INLINE bool vec(uint64_t sym) const {
+    if constexpr (Aligned) return true;
+    const uint64_t o = sym * kSymBytes<D>;
+    return o >= 16 && o <= last;
+  }
+  PZ_DEVICE PZ_FORCE_INLINE RawChunk<D> load(uint64_t sym) const {
+    if constexpr (Aligned) {
+      return load_raw<D>(p.in, sym);
+    } else {
+      const uint4* src = reinterpret_cast<const uint4*>(p.in - shift + sym * kSymBytes<D>);
+      uint32_t w[4 * (kVecs + 1)];
+#pragma unroll
+      for (uint32_t k = 0; k <= kVecs; ++k) {
+        const uint4 v = src[k];
+        w[4 * k] = v.x, w[4 * k + 1] = v.y, w[4 * k + 2] = v.z, w[4 * k + 3] = v.w;
+      }
+      // Whole words first (by 1, then 2: constant indices, no local memory), then bytes.
+      const uint32_t q = shift >> 2, r = 8 * (shift & 3);
+#pragma unroll
+      for (uint32_t j = 0; j + 1 < 4 * (kVecs + 1); ++j) w[j] = q & 1 ? w[j + 1] : w[j];
+#pragma unroll
+      for (uint32_t j = 0; j + 2 < 4 * (kVecs + 1); ++j) w[j] = q & 2 ? w[j + 2] : w[j];
+      RawChunk<D> out;
+      uint32_t o[4 * kVecs];
+#pragma unroll
+      for (uint32_t j = 0; j < 4 * kVecs; ++j)
+        o[j] = static_cast<uint32_t>(((static_cast<uint64_t>(w[j + 1]) << 32) | w[j]) >> r);
+#pragma unroll
+      for (uint32_t k = 0; k < kVecs; ++k) out.v[k] = make_uint4(o[4 * k], o[4 * k + 1], o[4 * k + 2], o[4 * k + 3]);
+      return out;
+    }
+  }
+};
+
 // The split of a loaded chunk (FloatTraits::split, for every coded dtype),
 // a word at a time: swar.h.
 template <fmt::DType D>
@@ -207,13 +264,16 @@ PZ_DEVICE PZ_FORCE_INLINE uint32_t for_each_step(const CompressParams& p, uint64
   constexpr uint32_t kRow = kHalf * S;
   const fmt::Header& h = p.h;
   const int lane = group_lane();
-  auto in_range = [&](uint32_t i) { return Full ? i + kChunkSyms <= n : chunk_in_range<D>(h, first, i, n); };
+  const ChunkLoader<D, Aligned> ld(p);
+  auto in_range = [&](uint32_t i) {
+    return (Full ? i + kChunkSyms <= n : chunk_in_range<D>(h, first, i, n)) && ld.vec(first + i);
+  };
   RawChunk<D> ahead[kAhead][S] = {};
   auto load_row = [&](uint32_t row, RawChunk<D>* dst) {
 #pragma unroll
     for (int s = 0; s < S; ++s) {
       const uint32_t i = row + s * kHalf + lane * kChunkSyms;
-      if (Aligned && in_range(i)) dst[s] = load_raw<D>(p.in, first + i);
+      if (in_range(i)) dst[s] = ld.load(first + i);
     }
   };
 #pragma unroll
@@ -233,7 +293,7 @@ PZ_DEVICE PZ_FORCE_INLINE uint32_t for_each_step(const CompressParams& p, uint64
     for (int s = 0; s < S; ++s) {
       const uint32_t mine = row + s * kHalf + lane * kChunkSyms;
       lo[s] = hi[s] = 0;
-      if (Aligned && in_range(mine)) {
+      if (in_range(mine)) {
         const Chunk<D> c = split_chunk<D>(cur[s]);
         lo[s] = c.sym[0];
         hi[s] = c.sym[1];
@@ -451,54 +511,60 @@ PZ_DEVICE Segment encode_block(const CompressParams& p, const fmt::Layout& l, ui
   auto count = [&](uint32_t sym) {
     atomic_add<Scope::Block>(&hist[(sym >> 1) * kHistReplicas + (lane & (kHistReplicas - 1))], 1u << (16 * (sym & 1)));
   };
-  uint32_t scalar_from = 0;
   uint32_t sum = 0;  // this lane's share of the block checksum (v3: words)
-  if (Aligned) {
-    // Software pipeline: the next two rows are in flight while two are consumed.
-    constexpr uint32_t kRow = fmt::kLanes * kChunkSyms;
-    auto row_full = [&](uint32_t row) { return chunk_in_range<D>(h, first, row + (fmt::kLanes - 1) * kChunkSyms, n); };
-    auto consume = [&](uint32_t i, const RawChunk<D>& r) {
-      const Chunk<D> c = split_chunk<D>(r);
-      sum += chunk_checksum<D>(r, static_cast<uint32_t>((first + i) * kSymBytes<D> / 4));
-#pragma unroll
-      for (int k = 0; k < kChunkSyms; ++k) count((c.sym[k >> 2] >> (8 * (k & 3))) & 0xff);
-      *reinterpret_cast<uint2*>(p.out + l.raw_begin + first + i) = make_uint2(c.raw8[0], c.raw8[1]);
-      if (plane16)
-        *reinterpret_cast<uint4*>(p.out + l.plane16_begin + 2 * (first + i)) =
-            make_uint4(c.raw16[0], c.raw16[1], c.raw16[2], c.raw16[3]);
-    };
-    const uint32_t mine = lane * kChunkSyms;
-    uint32_t row = 0;
-    bool fa = row_full(0), fb = fa && row_full(kRow);
-    RawChunk<D> a{}, bb{};
-    if (fa) a = load_raw<D>(p.in, first + mine);
-    if (fb) bb = load_raw<D>(p.in, first + kRow + mine);
-    while (fb) {
-      const uint32_t next = row + 2 * kRow;
-      const bool na = row_full(next), nb = na && row_full(next + kRow);
-      RawChunk<D> c{}, d{};
-      if (na) c = load_raw<D>(p.in, first + next + mine);
-      if (nb) d = load_raw<D>(p.in, first + next + kRow + mine);
-      consume(row + mine, a);
-      consume(row + kRow + mine, bb);
-      a = c, bb = d, row = next, fa = na, fb = nb;
+  // Symbols [from, to) of the block element by element, and their words.
+  auto scalar = [&](uint32_t from, uint32_t to) {
+    for (uint32_t i = from + lane; i < to; i += fmt::kLanes) {
+      const Split sp = T::split(p.in, first + i, h.numel);
+      count(sp.sym);
+      write_raw(p.out, l, plane16, first + i, sp);
     }
-    if (fa) {
-      consume(row + mine, a);
-      row += kRow;
-    }
-    scalar_from = row;
-  }
-  for (uint32_t i = scalar_from + lane; i < n; i += fmt::kLanes) {
-    const Split sp = T::split(p.in, first + i, h.numel);
-    count(sp.sym);
-    write_raw(p.out, l, plane16, first + i, sp);
-  }
-  {  // the words of the symbols pass 1 did not load as vectors
     uint64_t lo, hi, len;
-    block_words(h, first + scalar_from, n - scalar_from, &lo, &hi, &len);
+    block_words(h, first + from, to - from, &lo, &hi, &len);
     for (uint64_t k = lo + lane; k < hi; k += fmt::kLanes) sum += fmt::hash_term(raw_word(p.in, k, len), static_cast<uint32_t>(k));
+  };
+  // Rows of vectors, software-pipelined: the next two rows are in flight
+  // while two are consumed. An unaligned input's first row (ChunkLoader) and
+  // every block's short tail go element by element.
+  constexpr uint32_t kRow = fmt::kLanes * kChunkSyms;
+  const ChunkLoader<D, Aligned> ld(p);
+  const uint32_t head = !Aligned && first == 0 ? (n < kRow ? n : kRow) : 0;
+  auto row_full = [&](uint32_t row) {
+    const uint32_t end = row + (fmt::kLanes - 1) * kChunkSyms;  // the row's last chunk
+    return chunk_in_range<D>(h, first, end, n) && ld.vec(first + row) && ld.vec(first + end);
+  };
+  auto consume = [&](uint32_t i, const RawChunk<D>& r) {
+    const Chunk<D> c = split_chunk<D>(r);
+    sum += chunk_checksum<D>(r, static_cast<uint32_t>((first + i) * kSymBytes<D> / 4));
+#pragma unroll
+    for (int k = 0; k < kChunkSyms; ++k) count((c.sym[k >> 2] >> (8 * (k & 3))) & 0xff);
+    *reinterpret_cast<uint2*>(p.out + l.raw_begin + first + i) = make_uint2(c.raw8[0], c.raw8[1]);
+    if (plane16)
+      *reinterpret_cast<uint4*>(p.out + l.plane16_begin + 2 * (first + i)) =
+          make_uint4(c.raw16[0], c.raw16[1], c.raw16[2], c.raw16[3]);
+  };
+  const uint32_t mine = lane * kChunkSyms;
+  uint32_t row = head;
+  bool fa = row_full(row), fb = fa && row_full(row + kRow);
+  RawChunk<D> a{}, bb{};
+  if (fa) a = ld.load(first + row + mine);
+  if (fb) bb = ld.load(first + row + kRow + mine);
+  while (fb) {
+    const uint32_t next = row + 2 * kRow;
+    const bool na = row_full(next), nb = na && row_full(next + kRow);
+    RawChunk<D> c{}, d{};
+    if (na) c = ld.load(first + next + mine);
+    if (nb) d = ld.load(first + next + kRow + mine);
+    consume(row + mine, a);
+    consume(row + kRow + mine, bb);
+    a = c, bb = d, row = next, fa = na, fb = nb;
   }
+  if (fa) {
+    consume(row + mine, a);
+    row += kRow;
+  }
+  if (head) scalar(0, head);
+  if (row < n) scalar(row, n);  // (row == head == n: a word of its symbols is not after it)
   sum = fmt::finish_checksum(group_sum32(sum));
   if (l.nsums && lane == 0) *reinterpret_cast<uint32_t*>(p.out + l.sums_begin + 4 * b) = sum;  // 4-byte aligned
   group_sync();
