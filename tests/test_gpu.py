@@ -375,7 +375,7 @@ def test_gpu_compress_batch_one_launch(codec):
     ts = [t.to(DEV) for t in ts] + [device_view(weights(rng, 50_001, torch.bfloat16), 1)]  # 2 bytes into its storage
     bufs = pz.compress_batch(ts, codec=codec)
     for t, b in zip(ts, bufs):
-        assert torch.equal(pz.trim(b), pz.trim(pz.compress(t.contiguous() if t.storage_offset() else t, codec=codec)))
+        assert torch.equal(pz.trim(b).cpu(), pz.compress(t.cpu(), codec=codec))  # the CPU's bytes
         assert same_bits(pz.decompress(b), t)
     trimmed = pz.compress_batch(ts, codec=codec, trim=True, max_sms=2)
     assert all(torch.equal(a, pz.trim(b)) for a, b in zip(trimmed, bufs))

@@ -150,7 +150,8 @@ PZ_DEVICE PZ_FORCE_INLINE RawChunk<D> load_raw(const uint8_t* in, uint64_t sym_i
 // (one more than the chunk), shifted by the input's misalignment: the
 // aligned kernel's loop at 2 loads a chunk instead of 8-16 byte loads. Every
 // byte read lies inside the tensor, so the tensor's first chunk and its last
-// few are split element by element instead (vec() is false for them).
+// few are split element by element instead (vec() is false for them; pass 1
+// splits the whole first row).
 template <fmt::DType D, bool Aligned>
 struct ChunkLoader {
   static constexpr uint32_t kVecs = kSymBytes<D> / 2;  // a chunk's 16-byte vectors
@@ -524,8 +525,9 @@ PZ_DEVICE Segment encode_block(const CompressParams& p, const fmt::Layout& l, ui
     for (uint64_t k = lo + lane; k < hi; k += fmt::kLanes) sum += fmt::hash_term(raw_word(p.in, k, len), static_cast<uint32_t>(k));
   };
   // Rows of vectors, software-pipelined: the next two rows are in flight
-  // while two are consumed. An unaligned input's first row (ChunkLoader) and
-  // every block's short tail go element by element.
+  // while two are consumed. An unaligned input's first row, the rows near its
+  // end whose vectors would pass it (ChunkLoader), and every block's short
+  // tail go element by element.
   constexpr uint32_t kRow = fmt::kLanes * kChunkSyms;
   const ChunkLoader<D, Aligned> ld(p);
   const uint32_t head = !Aligned && first == 0 ? (n < kRow ? n : kRow) : 0;
@@ -691,9 +693,10 @@ PZ_DEVICE PZ_FORCE_INLINE void compress_ticket(const CompressParams& p, uint64_t
 // ticket t encodes blocks t*kGroupsPerCta + group, its parameters read from
 // the launch itself. Batched: the ticket first picks its tensor, whose
 // parameters are staged in shared memory. S: rANS states a lane, fixed by the
-// single-tensor kernels' instantiation, taken from each tensor's header in a
-// batch (S = 0: both coders in one kernel, so one launch serves tensors of
-// any size). Tickets are handed out in order,
+// aligned single-tensor kernels' instantiation, taken from each tensor's
+// header in a batch or an unaligned tensor's kernel (S = 0: both coders in one
+// kernel, so one launch serves tensors of any size; gpu_params.h,
+// compress_states). Tickets are handed out in order,
 // so every look-back waits only on CTAs already running. The look-back runs
 // per CTA, by group 0 only: on wave64 both groups share one wave, so no group
 // may spin on a result its wave-mate has yet to produce.

@@ -120,8 +120,8 @@ constexpr uint32_t kHistReplicas = 16;
 constexpr uint64_t kHistBytes = 128 * kHistReplicas * 4;
 constexpr uint64_t kMaxTableBytes = 1 + 32 + 2 * 256;
 constexpr uint32_t kStagingBytes = 8192;
-// The single-tensor 64-lane kernels stage 11 KB (a bf16 2^15-symbol segment
-// is ~10.7 KB): their registers allow 8 CTAs per SM, which 2 x 13.75 KB of
+// The aligned single-tensor 64-lane kernel stages 11 KB (a bf16 2^15-symbol segment
+// is ~10.7 KB): its registers allow 8 CTAs per SM, which 2 x 13.75 KB of
 // shared memory per CTA still does, so the bigger buffer costs no occupancy.
 constexpr uint32_t kWideStagingBytes = 11264;
 static_assert(kHistBytes <= kStagingBytes, "histograms alias the staging buffer");

@@ -63,10 +63,13 @@ def _entry(rank, world, port, environ, backend, pg_timeout, fn, args, queue):
 
 def _context(backend):
     """gloo ranks fork from a server that imported torch once (stdlib
-    forkserver: no threads, no CUDA), so a rank starts in milliseconds, not
+    forkserver, no CUDA), so a rank starts in milliseconds, not
     the ~2 s of CPU a fresh interpreter spends importing torch (on 2 cores:
-    tests/test_comm.py 278 -> 135 s). Other backends spawn a fresh
-    interpreter, as CUDA wants."""
+    tests/test_comm.py 278 -> 135 s). What a process reads once at start
+    comes from the server's environment, except what _entry re-applies
+    (MALLOC_MMAP_THRESHOLD_, OMP_NUM_THREADS); settings read at run time
+    follow the caller's. Other backends spawn a fresh interpreter, as CUDA
+    wants."""
     if backend != "gloo":
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")

@@ -46,7 +46,6 @@ PIECE_MIN_BYTES, PIECE_MAX_BYTES = 16 << 20, 128 << 20
 PIECE_ALIGN = 8192  # elements: whole fp8 pairs and whole 8-symbol vector chunks
 WAVE_BYTES = 32 << 20  # each wave costs ~0.2-0.5 ms of host work (PZ_TRACE): few, large waves
 CTRL_WORDS = 12
-_TRACE = bool(os.environ.get("PZ_TRACE"))
 _marks: list = []  # the current exchange's start time, then its steps
 
 
@@ -441,7 +440,7 @@ def _finish_sized(tp, res: Result, posted: list, in_units, timeout: float) -> No
 def _mark(what: Optional[str], rank: int = -1) -> None:
     """PZ_TRACE=1: print each exchange's host timeline (µs since its start,
     what=None) to stderr, when what="end"."""
-    if not _TRACE:
+    if not os.environ.get("PZ_TRACE"):  # read each time: a forked rank sets its environment after import
         return
     now = time.perf_counter()
     if what is None:
