@@ -211,8 +211,6 @@ PZ_DEVICE PZ_FORCE_INLINE bool rans_strided(const DecompressParams& p, uint64_t 
   load_row(rows - 1, cur8, cur16);
   for (int32_t r = rows - 1; r >= 0; --r) {
     if (r > 0) load_row(r - 1, nxt8, nxt16);
-    // Pull the coded words of the next rows toward L1 (about 40 words a row).
-    if (lane < 2 && rp > 64u * (lane + 1)) prefetch_l1(wp + rp - 64u * (lane + 1));  // inside the words
 #pragma unroll
     for (int k = kRowSteps - 1; k >= 0; --k) {
       const uint32_t s = static_cast<uint32_t>(r * kRowSteps + k);
@@ -280,6 +278,7 @@ PZ_DEVICE PZ_FORCE_INLINE bool rans_rows(const DecompressParams& p, uint64_t fir
     }
   };
   Raw cur[S], nxt[S];
+  uint32_t touched = 0;  // the last row's word-line load
 #pragma unroll
   for (int s = 0; s < S; ++s) load(rows - 1, s, cur[s]);
   for (int32_t r = rows - 1; r >= 0; --r) {
@@ -287,7 +286,17 @@ PZ_DEVICE PZ_FORCE_INLINE bool rans_rows(const DecompressParams& p, uint64_t fir
 #pragma unroll
       for (int s = 0; s < S; ++s) load(r - 1, s, nxt[s]);
     // Pull the coded words of the next rows toward L1 (about 40 words per state a row).
-    if (lane < 2 * S && rp > 64u * (lane + 1)) prefetch_l1(wp + rp - 64u * (lane + 1));  // inside the words
+    // 32 lanes: with loads, not the prefetch hint, which left most word loads missing
+    // L1 (bench/NOTES.md, s21). Each load's value is consumed a row later, when it has
+    // long arrived, by a test that cannot hold (rp <= words), so the load stays and
+    // nothing waits on it. 64 lanes keep the hint: their registers are capped, and the
+    // loads measured slower there.
+    if constexpr (S == 1) {
+      bad |= touched == 0x9e3779b9u && rp > words;
+      touched = lane < 2 && rp > 64u * (lane + 1) ? touch_l1(wp + ((rp - 64u * (lane + 1)) & ~1u)) : 0u;  // inside the words
+    } else if (lane < 2 * S && rp > 64u * (lane + 1)) {
+      prefetch_l1(wp + rp - 64u * (lane + 1));  // inside the words
+    }
     uint32_t sym[S][R];
     // Unchecked rows (group-uniform): a row takes at most one word per symbol,
     // so rp >= kRow keeps every read inside the words; rp < words keeps the

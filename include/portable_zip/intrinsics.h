@@ -185,6 +185,18 @@ PZ_DEVICE PZ_FORCE_INLINE void prefetch_l1(const void* p) {
 #endif
 }
 
+// A cached 4-byte load (its line lands in L1) kept in place: the caller
+// consumes the value later, off its chains.
+PZ_DEVICE PZ_FORCE_INLINE uint32_t touch_l1(const void* p) {
+#if defined(PZ_HIP)
+  return *static_cast<const uint32_t*>(p);
+#else
+  uint32_t v;
+  asm volatile("ld.global.ca.u32 %0, [%1];" : "=r"(v) : "l"(p));
+  return v;
+#endif
+}
+
 #endif  // PZ_CUDA || PZ_HIP
 
 }  // namespace pz
