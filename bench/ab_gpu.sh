@@ -5,7 +5,8 @@
 # side for sm_90. This tree's GPU tests first, then the codec benches
 # alternating base, this, variants, ... on the same seeded tensors (ROUNDS
 # rounds), then this tree's hostile-stream fuzz under compute-sanitizer
-# memcheck for what is left of BUDGET_S. ARGS replaces the bench arguments.
+# memcheck for what is left of BUDGET_S, and a side-by-side table
+# (bench/ab_table.py, $OUT/ab_table.txt). ARGS replaces the bench arguments.
 #   bash bench/ab_gpu.sh      (logs and JSON under $OUT)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -48,5 +49,5 @@ for round in $(seq 1 "${ROUNDS:-2}"); do
 done
 left=$(( budget - ($(date +%s) - t0) - 40 ))
 [ "$left" -gt 30 ] && bash bench/gpu_memcheck_fuzz.sh "$left"
-tail -n 24 "$OUT"/bench_*_r"${ROUNDS:-2}".log
+python3 -P bench/ab_table.py "$OUT" | tee "$OUT/ab_table.txt"
 cat "$OUT/steps.txt"
