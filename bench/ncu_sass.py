@@ -26,14 +26,13 @@ def main(argv=None):
     if not rows:
         print("no rows")
         return 1
-    cols = list(rows[0].keys())
-    samp = next((c for c in cols if c.startswith("Warp Stall Sampling (All")), None)
-    src = next((c for c in cols if c.strip() == "Source"), None)
-    execd = next((c for c in cols if c.startswith("Instructions Executed")), None)
-    reasons = [c for c in cols if c.startswith("stall_") or "Stall" in c and c != samp and "Not-issued" not in c]
+    samp = next(c for c in header if c.startswith("Warp Stall Sampling (All"))
+    execd = next((c for c in header if c.startswith("Instructions Executed")), None)
+    # Each reason also has a "(Not Issued)" column; the all-samples one is enough.
+    reasons = [c for c in header if c.startswith("stall_") and not c.endswith("(Not Issued)")]
     num = lambda r, c: float((r.get(c) or "0").replace(",", "") or 0)
     total = sum(num(r, samp) for r in rows) or 1.0
-    print(f"{len(rows)} SASS lines, {total:.0f} stall samples; columns: {cols}")
+    print(f"{len(rows)} SASS lines, {total:.0f} stall samples")
     by_reason = {c: sum(num(r, c) for r in rows) for c in reasons}
     for c, v in sorted(by_reason.items(), key=lambda kv: -kv[1])[:15]:
         print(f"  {c}: {v:.0f} ({100 * v / total:.1f}%)")
@@ -43,7 +42,7 @@ def main(argv=None):
         r = rows[i]
         top = sorted(((num(r, c), c) for c in reasons), reverse=True)[:3]
         why = ", ".join(f"{c.replace('stall_', '')}={v:.0f}" for v, c in top if v)
-        print(f"{i:5d} {num(r, samp):8.0f} {100 * num(r, samp) / total:5.1f} {num(r, execd) if execd else 0:10.0f}  {r.get(src, '')[:70]:70s} {why}")
+        print(f"{i:5d} {num(r, samp):8.0f} {100 * num(r, samp) / total:5.1f} {num(r, execd) if execd else 0:10.0f}  {r['Source'][:70]:70s} {why}")
     return 0
 
 
