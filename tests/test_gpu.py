@@ -486,3 +486,86 @@ def test_gpu_mutated_words_at_end(lanes):
         pz.decompress(buf)
     with pytest.raises(pz.FormatError):
         pz.decompress(buf, out=torch.empty(4096, dtype=torch.bfloat16, device=DEV), check=True)
+
+
+def _outcome(buf: torch.Tensor, like: torch.Tensor = None):
+    """('ok', bits) or ('error', message) of one decode; like: decode into an
+    out= of its dtype and shape (the kernels that parse the header)."""
+    try:
+        if like is None:
+            out = pz.decompress(buf)
+        else:
+            out = torch.empty_like(like, device=buf.device)
+            pz.decompress(buf, out=out, check=True)
+        return "ok", out.cpu().view(torch.uint8).numpy().tobytes()
+    except pz.FormatError as e:
+        return "error", str(e)
+
+
+def _table_streams(rng, count: int):
+    """One-block fp16 streams (4096 symbols, 32 lanes) whose symbol (the high
+    byte) takes 1-256 values with skewed counts: tables of both forms, of 1-
+    and 2-byte varints, across the parser's lane boundaries. -> (tensor,
+    stream, offset of its table)."""
+    out = []
+    while len(out) < count:
+        k = int(rng.integers(1, 257))
+        # scattered symbols (bitmap tables mostly), or a run of them (range tables)
+        syms = (rng.choice(256, k, replace=False) if rng.integers(0, 2) else rng.integers(0, 257 - k) + np.arange(k))
+        syms = syms.astype(np.uint16)
+        p = rng.dirichlet(np.full(k, float(rng.choice([0.05, 0.5, 5.0]))))
+        hi = syms[rng.choice(k, 4096, p=p)]
+        t = torch.from_numpy((hi << 8 | rng.integers(0, 256, 4096, dtype=np.uint16)).astype(np.int16)).view(torch.float16)
+        with forced_plan(12, 32):
+            buf = pz.trim(pz.compress(t))
+        info = pz.inspect(buf)
+        seg = info["compressed_bytes"] - info["coded_bytes"]
+        if info["blocks"] != 1 or int(buf[seg]) != 1:  # not a rANS segment (stored: the table would not pay)
+            continue
+        out.append((t, buf, seg + 1))
+    return out
+
+
+def test_gpu_mutated_tables_match_cpu():
+    """The GPU's group-parallel table parser against the CPU's serial one:
+    valid tables of every shape decode to the same bits, and tables with
+    1-3 bytes changed (or their segment cut inside the table) are rejected as
+    malformed tables by both or by neither, host-parsed and device-parsed.
+    PZ_GPU_TABLE_FUZZ mutants (default 800); PZ_GPU_TABLE_FUZZ_SECONDS stops
+    early (memcheck runs this: "mutated")."""
+    from test_errors import one_block_stream
+
+    rng = fresh_rng()
+    count = int(os.environ.get("PZ_GPU_TABLE_FUZZ", "800"))
+    seconds = float(os.environ.get("PZ_GPU_TABLE_FUZZ_SECONDS", "inf"))
+    seen = {"ok": 0, "table": 0, "other": 0}
+    start = time.monotonic()
+    for t, buf, at in _table_streams(rng, max(8, count // 16)):
+        if time.monotonic() - start > seconds:
+            break
+        want = t.view(torch.uint8).numpy().tobytes()
+        assert _outcome(buf) == ("ok", want)
+        assert _outcome(buf.to(DEV)) == ("ok", want)
+        assert _outcome(buf.to(DEV), t) == ("ok", want)
+        for _ in range(16):
+            bad = buf.clone()
+            # the table's head and first varints, or anywhere in its first 600 bytes
+            span = min(buf.numel() - at, 40 if rng.integers(0, 2) else 600)
+            if rng.integers(0, 4) == 0:  # the segment cut inside its table
+                seg = bad[at - 1:].numpy().tobytes()
+                bad = one_block_stream(seg[: int(rng.integers(1, span))], 32)
+            else:
+                for _ in range(int(rng.integers(1, 4))):
+                    i = at + int(rng.integers(0, span))
+                    bad[i] = int(rng.integers(0, 256)) if rng.integers(0, 2) else int(bad[i]) ^ (1 << int(rng.integers(0, 8)))
+            cpu = _outcome(bad)
+            like = t if bad.numel() == buf.numel() else torch.empty(4096, dtype=torch.bfloat16)
+            for gpu in (_outcome(bad.to(DEV)), _outcome(bad.to(DEV), like)):
+                assert gpu[0] == cpu[0], (cpu, gpu)
+                if cpu[0] == "ok":
+                    assert gpu == cpu
+                else:
+                    assert ("frequency table" in gpu[1]) == ("frequency table" in cpu[1]), (cpu, gpu)
+            seen["ok" if cpu[0] == "ok" else "table" if "frequency table" in cpu[1] else "other"] += 1
+    print(f"gpu table fuzz: {sum(seen.values())} mutated tables in {time.monotonic() - start:.0f} s: {seen}")
+    assert seen["table"] > 0 and seen["other"] > 0
