@@ -9,13 +9,16 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 
 import numpy as np
 import torch
 
 import portable_zip as pz
-from portable_zip.bench.common import machine_info
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/pzbench, under python -P too
+from pzbench.common import machine_info  # noqa: E402
 
 
 def timed(fn, reps: int) -> tuple:

@@ -9,8 +9,9 @@ import json
 import os
 import sys
 
-from portable_zip.bench import comm as comm_bench
-from portable_zip.bench.common import machine_info, parse_size, print_table
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/pzbench, under python -P too
+from pzbench import comm as comm_bench  # noqa: E402
+from pzbench.common import machine_info, parse_size, print_table  # noqa: E402
 
 
 def main():

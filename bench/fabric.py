@@ -40,8 +40,9 @@ import time
 import torch
 import torch.distributed as dist
 
-from portable_zip.bench import comm as comm_bench
-from portable_zip.bench.common import fmt_size, machine_info, parse_size, print_table
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/pzbench, under python -P too
+from pzbench import comm as comm_bench  # noqa: E402
+from pzbench.common import fmt_size, machine_info, parse_size, print_table  # noqa: E402
 
 NCCL_SOCKET = {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1", "NCCL_NET": "Socket", "NCCL_SOCKET_IFNAME": "lo",
                "NCCL_IB_DISABLE": "1", "NCCL_NVLS_ENABLE": "0"}
@@ -320,7 +321,7 @@ def coll_worker(rank, world, layout, sizes, ops, modes, quick):
 # --- the parent ---------------------------------------------------------------------------------------------------
 def run(world, fn, *args, env=None, backend="gloo", deadline=240.0):
     """run_ranks; every rank's value, or the failure as text (the bench goes on).
-    A rendezvous port taken between comm_bench.free_port() and the store's
+    A rendezvous port taken between free_port() (tests/harness/ranks.py) and the store's
     bind (other jobs on the host open ports too) is retried."""
     t0 = time.monotonic()
     for attempt in range(3):

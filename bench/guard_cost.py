@@ -11,12 +11,14 @@ and ours under compress="never" (raw plan: guard + our algorithm).
 import argparse
 import json
 import os
+import sys
 
 import torch
 import torch.distributed as dist
 
-from portable_zip.bench import comm as comm_bench
-from portable_zip.bench.common import machine_info, print_table
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/pzbench, under python -P too
+from pzbench import comm as comm_bench  # noqa: E402
+from pzbench.common import machine_info, print_table  # noqa: E402
 
 
 def _worker(rank, world, reps, numel):

@@ -6,12 +6,15 @@ Shapes of Llama-3.1-8B: 32 layers, 8 KV heads of 128, 16-token blocks.
     python bench/kv_transfer.py [--tokens 8192] [--link nvlink-1ch] [--json out.json]
 """
 import argparse
+import os
+import sys
 
 import torch
 import torch.distributed as dist
 
-from portable_zip.bench import comm as comm_bench
-from portable_zip.bench.common import report
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/pzbench, under python -P too
+from pzbench import comm as comm_bench  # noqa: E402
+from pzbench.common import report  # noqa: E402
 
 LAYERS, KV_HEADS, HEAD_DIM, BLOCK = 32, 8, 128, 16
 

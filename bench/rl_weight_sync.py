@@ -6,12 +6,15 @@ isend/irecv group: the tensors compress in a few launches and travel in waves).
     python bench/rl_weight_sync.py [--model 1b|8b] [--link nvlink-1ch] [--json out.json]
 """
 import argparse
+import os
+import sys
 
 import torch
 import torch.distributed as dist
 
-from portable_zip.bench import comm as comm_bench
-from portable_zip.bench.common import report
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/pzbench, under python -P too
+from pzbench import comm as comm_bench  # noqa: E402
+from pzbench.common import report  # noqa: E402
 
 MODELS = {  # hidden, layers, ffn, vocab, kv_heads, heads  (Llama-3.2-1B, Llama-3.1-8B)
     "1b": (2048, 16, 8192, 128256, 8, 32),

@@ -1,5 +1,5 @@
 """Run a function on N local processes with a hard deadline (gloo by default)."""
-from portable_zip.bench.comm import run_ranks
+from harness.ranks import run_ranks
 
 
 def run(world: int, fn, *args, deadline: float = 240.0, backend: str = "gloo", env=None) -> dict:

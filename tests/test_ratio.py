@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 import portable_zip as pz
-from portable_zip.bench.data import BAR, make_tensor, exponent_entropy_bound
+from harness.tensors import BAR, exponent_entropy_bound, make_tensor
 
 
 @pytest.mark.parametrize("name", sorted(BAR))

@@ -1,4 +1,5 @@
-"""Benchmark helpers: timing, machine metadata, tables and result files."""
+"""Benchmark helpers: timing, machine metadata, tables and result files;
+the CPU codec rows and their table-cost estimate."""
 from __future__ import annotations
 
 import datetime
@@ -15,7 +16,8 @@ import numpy as np
 import torch
 
 import portable_zip as pz
-from .data import BAR, TENSORS, exponent_entropy_bound, make_tensor, table_cost
+from harness.tensors import BAR, TENSORS, exponent_entropy_bound, make_tensor, symbols
+from portable_zip import reference as ref
 
 
 def parse_size(s: str) -> int:
@@ -60,8 +62,7 @@ def median_time(fn: Callable[[int], None], device: str, reps: int, warmup: int =
 def machine_info() -> dict:
     info = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join([os.path.basename(sys.executable), "-m", "portable_zip"] + sys.argv[1:])
-        if sys.argv and sys.argv[0].endswith("__main__.py") else " ".join(sys.argv),
+        "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
         "commit": os.environ.get("PZ_COMMIT") or _git_commit(),
         "portable_zip": pz.__version__,
         "backend": pz.backend_info(),
@@ -128,10 +129,45 @@ def codec_rows(device: str, nbytes: int, reps: int, names=None, seed=None) -> li
     return rows
 
 
+def table_cost(t: torch.Tensor, block_log2: int) -> dict:
+    """Ratio cost of block-local frequency tables against one global table.
+
+    Both sides are estimated with the same model (ideal rANS cost of each
+    symbol under the quantized 12-bit frequencies, plus per-block states, word
+    count, mode byte and padding), so the difference is the tables' own cost
+    and benefit: local tables pay ~40-70 B per block but fit each block's
+    statistics; a global table is paid once but fits no block exactly.
+    """
+    sym, raw_bits = symbols(t)
+    sym = sym.astype(np.int64)
+    n = sym.size
+    nbytes = t.numel() * t.element_size()
+    bs = 1 << block_log2
+    nblocks = -(-n // bs)
+    raw_bytes = n * raw_bits // 8
+    per_block = 1 + 3 + 4 + 4 * ref.LANES + 8 + 8  # mode, table padding (avg), W, states, offset, padding (avg)
+
+    def coded_bits(counts, freq):
+        f = np.asarray(freq, np.float64)
+        used = counts > 0
+        return float(-(counts[used] * np.log2(f[used] / ref.PROB_SCALE)).sum())
+
+    counts = [np.bincount(sym[b * bs:(b + 1) * bs], minlength=256) for b in range(nblocks)]
+    glob = np.sum(counts, axis=0)
+    gfreq = ref.quantize(glob, n)
+    local = glob_cost = 0.0
+    for c in counts:
+        lf = ref.quantize(c, int(c.sum()))
+        local += coded_bits(c, lf) / 8 + len(ref.table_bytes(lf)) + per_block
+        glob_cost += coded_bits(c, gfreq) / 8 + per_block
+    glob_cost += len(ref.table_bytes(gfreq))
+    return {"local_tables": (raw_bytes + local) / nbytes, "global_table": (raw_bytes + glob_cost) / nbytes}
+
+
 def _decoder_launch(buf, out):
     """The decode launch of decompress(), with the header already parsed and the
     error flag left on the device: times the kernel, not the header read-back."""
-    from .. import codec, _C
+    from portable_zip import _C, codec
 
     head, _ = codec._header(buf)
     err = torch.zeros(1, dtype=torch.int32, device=buf.device)

@@ -1,25 +1,21 @@
 """Communication benchmarks between local GPUs (or CPU processes): ours
 (compress="auto" and "always") against plain torch.distributed, per link.
 
-Links between two GPUs of one host (settings from DESIGN.md):
+Links between two GPUs of one host, as NCCL settings (the figures are NCCL
+send/recv between two H200s over NV18):
   nvlink-1ch  NCCL limited to one channel over NVLink, ~34 GB/s: NIC-like (primary)
   socket      NCCL socket transport over loopback, ~4-8 GB/s: the slow extreme
   nvlink      full NVLink, ~360 GB/s: auto must simply not lose
 """
 from __future__ import annotations
 
-import ctypes
-import datetime
-import os
-import socket
 import statistics
 import time
-import traceback
-from queue import Empty
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+
+from harness.ranks import run_ranks
 
 LINKS = {
     "nvlink-1ch": {"NCCL_MAX_NCHANNELS": "1", "NCCL_MIN_NCHANNELS": "1"},
@@ -27,85 +23,9 @@ LINKS = {
                "NCCL_IB_DISABLE": "1", "NCCL_SOCKET_NTHREADS": "4", "NCCL_NSOCKS_PERTHREAD": "4"},
     "nvlink": {},
 }
-SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
-
-def free_port() -> int:
-    """A free TCP port on loopback for a local process group."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _entry(rank, world, port, environ, backend, pg_timeout, fn, args, queue):
-    # A forked rank (forkserver) has its server's environment: take the caller's.
-    os.environ.clear()
-    os.environ.update(environ)
-    if "MALLOC_MMAP_THRESHOLD_" in environ:  # glibc reads it at exec, which a forked rank skipped
-        ctypes.CDLL(None).mallopt(-3, int(environ["MALLOC_MMAP_THRESHOLD_"]))  # M_MMAP_THRESHOLD
-    if "OMP_NUM_THREADS" in environ:  # likewise OpenMP, loaded with torch
-        torch.set_num_threads(int(environ["OMP_NUM_THREADS"]))
-    try:
-        if backend is None:
-            backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= world else "gloo"
-        if backend == "nccl":
-            torch.cuda.set_device(rank)
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=pg_timeout))
-        queue.put((rank, "ok", fn(rank, world, *args)))
-    except BaseException as e:  # noqa: BLE001 - report everything to the parent
-        queue.put((rank, "error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
-    finally:
-        queue.close()
-        queue.join_thread()  # flush the result before the hard exit
-        os._exit(0)  # skip process-group teardown, which can block when a peer is gone
-
-
-def _context(backend):
-    """gloo ranks fork from a server that imported torch once (stdlib
-    forkserver, no CUDA), so a rank starts in milliseconds, not
-    the ~2 s of CPU a fresh interpreter spends importing torch (on 2 cores:
-    tests/test_comm.py 278 -> 135 s). What a process reads once at start
-    comes from the server's environment, except what _entry re-applies
-    (MALLOC_MMAP_THRESHOLD_, OMP_NUM_THREADS); settings read at run time
-    follow the caller's. Other backends spawn a fresh interpreter, as CUDA
-    wants."""
-    if backend != "gloo":
-        return mp.get_context("spawn")
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "torch.distributed", "numpy"])
-    return ctx
-
-
-def run_ranks(world: int, fn, *args, env=None, backend=None, deadline: float = 580.0,
-              pg_timeout: float = 300.0) -> dict:
-    """Run fn(rank, world, *args) on `world` local processes (NCCL when there
-    are enough GPUs, else gloo, unless backend says). Returns {rank: ("ok",
-    value) | ("error", text) | ("hung", "")}: a rank silent at the deadline is killed."""
-    ctx = _context(backend)
-    queue = ctx.Queue()
-    port = free_port()
-    environ = {**os.environ, **SAFE_ENV, **(env or {})}
-    procs = [ctx.Process(target=_entry, args=(r, world, port, environ, backend, pg_timeout, fn, args, queue),
-                         daemon=True) for r in range(world)]
-    for p in procs:
-        p.start()
-    results = {}
-    end = time.monotonic() + deadline
-    while len(results) < world and time.monotonic() < end:
-        try:
-            rank, status, value = queue.get(timeout=max(0.1, min(1.0, end - time.monotonic())))
-            results[rank] = (status, value)
-        except Empty:
-            if not any(p.is_alive() for p in procs) and queue.empty():
-                break
-    for p in procs:
-        p.join(timeout=5)
-        if p.is_alive():
-            p.kill()
-    for r in range(world):
-        results.setdefault(r, ("hung", ""))
-    return results
+# torch's own all_gather into one tensor (all_gather_single from torch 2.13 on).
+TORCH_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 def spawn(world: int, fn, *args, env=None, deadline: float = 580.0):
@@ -178,7 +98,6 @@ def p2p_modes(rank: int, tensors, reps: int) -> dict:
 
 def comm_worker(rank, world, sizes, ops, reps):
     import portable_zip as pz
-    from portable_zip.comm.collectives import all_gather_native
 
     device = torch.device("cuda", rank) if torch.cuda.is_available() and dist.get_backend() == "nccl" else \
         torch.device("cpu")
@@ -204,7 +123,7 @@ def comm_worker(rank, world, sizes, ops, reps):
 
                     def fn():
                         if mode == "torch":
-                            all_gather_native(out, src)
+                            TORCH_ALL_GATHER(out, src)
                         else:
                             comm.all_gather_single(out, src)
                 else:  # all_reduce

@@ -4,7 +4,18 @@ Each adapter takes a list of same-size input tensors (rotated so no rep hits
 L2) and returns (compress(i), decompress(i), compressed_bytes): the two
 callables enqueue one call on the current stream with every buffer allocated
 beforehand and no host synchronization, so device events time the kernels.
-Setup follows ../../shared/ANCHORS.md.
+
+Setup, as each reference is fastest and fair:
+  nvCOMP 6.0 (nvidia-nvcomp-cu13 with nvidia-libnvcomp-cu13, its lib64 on
+    LD_LIBRARY_PATH): Codec(algorithm="ANS", data_type="<f2"). The "<f2" hint
+    matters: ANS without it gives ratio 0.81 on bf16 weights instead of 0.685.
+    Its allocations go to torch's caching allocator (allocating its own output
+    on every call, it compresses about 2x slower at 64 MiB and up), and the
+    decompression config comes from the compression config, so decode does
+    not synchronize.
+  DietGPU (facebookresearch/dietgpu a4d70a14, built by
+    bench/ref/build_dietgpu.sh): torch.ops.dietgpu.compress_data and
+    decompress_data with preallocated temporary memory.
 """
 from __future__ import annotations
 
@@ -18,7 +29,7 @@ Prepared = Tuple[Callable[[int], None], Callable[[int], None], int]
 
 def ours(inputs: List[torch.Tensor], max_sms=None, codec_name: str = "rans") -> Prepared:
     import portable_zip as pz
-    from .. import _C, codec
+    from portable_zip import _C, codec
 
     codec_id = codec._codec_code(codec_name)
     bufs = [pz.compress(t, codec=codec_name) for t in inputs]
