@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds DietGPU (facebookresearch/dietgpu a4d70a14) for side-by-side
-# measurement, with the build-file-only changes ../shared/ANCHORS.md lists:
-# CUDAToolkit instead of FindCUDA, sm_90, C++17, torch linked into
+# measurement against a new CMake and CUDA 13, with changes to its build
+# files only: CUDAToolkit instead of FindCUDA, sm_90, C++17, torch linked into
 # libdietgpu.so, glog without gflags, no test binaries. Its sources are not
 # changed and none of them enter portable_zip.
 #   bash bench/ref/build_dietgpu.sh SRC GLOG_SRC BUILD_DIR   -> BUILD_DIR/lib/libdietgpu.so
