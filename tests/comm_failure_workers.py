@@ -49,7 +49,7 @@ PHASES = ["before", "control", "data"]
 TIMEOUT = 3.0           # the communicator's timeout in the matrix
 SLACK = 2.0             # survivors must raise within TIMEOUT + SLACK of entering the op
 NUMEL = 200_000         # bf16 elements per tensor: auto-compressed picks the compressed plan at this size
-SMALL_WAVE = 64 << 10   # wire.WAVE_BYTES in isend batches: several waves, so a raw batch has a later wave
+SMALL_WAVE = 64 << 10   # PZ_WAVE_BYTES in isend batches: several waves, so a raw batch has a later wave
 
 
 @dataclass
@@ -241,9 +241,10 @@ def arm(phase, withhold):
     data:    right after posting its first data wave (with withhold, the
              wave's receives only; for a native collective, which does not go
              through the transport, at the torch.distributed call)."""
-    from portable_zip.comm import collectives, transport
+    from portable_zip.comm import native
+    from portable_zip.comm.transports.torch import TorchDistTransport
 
-    orig_post = transport.TorchDistTransport.post
+    orig_post = TorchDistTransport.post
 
     def post(self, ops, *args, **kwargs):
         ops = list(ops)
@@ -258,7 +259,7 @@ def arm(phase, withhold):
             die()
         return orig_post(self, ops, *args, **kwargs)
 
-    transport.TorchDistTransport.post = post
+    TorchDistTransport.post = post
 
     def wrap(fn):
         def native(*args, **kwargs):
@@ -277,17 +278,13 @@ def arm(phase, withhold):
                  "reduce_scatter_tensor", "reduce_scatter_single", "all_gather", "reduce_scatter"):
         if hasattr(dist, name):
             setattr(dist, name, wrap(getattr(dist, name)))
-    for name in ("all_gather_native", "reduce_scatter_native"):
-        if hasattr(collectives, name):
-            setattr(collectives, name, wrap(getattr(collectives, name)))
+    for name in ("all_gather", "reduce_scatter"):  # what the Communicator calls torch's ops by
+        setattr(native, name, wrap(getattr(native, name)))
 
 
 def _set_wave_bytes(n):
-    import portable_zip.comm.wire as wire
-
-    if not hasattr(wire, "WAVE_BYTES"):
-        raise AssertionError("portable_zip.comm.wire.WAVE_BYTES is gone: the isend batch cells need several waves")
-    wire.WAVE_BYTES = n
+    """PZ_WAVE_BYTES for the Communicators this process makes next (read at construction)."""
+    os.environ["PZ_WAVE_BYTES"] = str(n)
 
 
 # --- rank bodies ------------------------------------------------------------------

@@ -139,9 +139,7 @@ def p2p_batch(rank, world, seed, wave_bytes):
     """Groups of many isend/irecv per peer (a state dict, KV blocks) in a ring:
     mixed dtypes, sizes 0 and odd, pieces, several waves; bit-exact, and the
     group's stats count every tensor."""
-    import portable_zip.comm.wire as wire
-
-    wire.WAVE_BYTES = wave_bytes
+    os.environ["PZ_WAVE_BYTES"] = str(wave_bytes)  # read by the Communicators made below
     rng = np.random.default_rng([seed, 99])
     specs = [(DTYPES[int(rng.integers(len(DTYPES)))], int(n)) for n in
              [0, 1, 3, 4097, *rng.integers(1, 40_000, 9), 70_001]]
@@ -258,8 +256,7 @@ def hung_peer(rank, world, timeout):
 
 
 def mismatch(rank, world, kind):
-    import portable_zip.comm.communicator as cm
-    import portable_zip.comm.wire as wire
+    import portable_zip.comm.agree as agree
 
     comm = pz.Communicator(compress="always", timeout=30)
     try:
@@ -279,11 +276,11 @@ def mismatch(rank, world, kind):
             comm.all_gather_single(empty(world * 10, dtype=DTYPES[rank]), torch.zeros(10, dtype=DTYPES[rank], device=device()))
         elif kind == "version":
             if rank == 1:
-                wire.WIRE_VERSION = cm.WIRE_VERSION = wire.WIRE_VERSION + (1 << 8)  # a peer on format v2
+                agree.WIRE_VERSION = agree.WIRE_VERSION + (1 << 8)  # a peer on format v2
             comm.all_gather_single(empty(world * 10, dtype=torch.float32), torch.zeros(10, device=device()))
         elif kind == "p2p_version":
             if rank == 1:
-                wire.WIRE_VERSION = wire.WIRE_VERSION + (1 << 8)
+                agree.WIRE_VERSION = agree.WIRE_VERSION + (1 << 8)
                 comm.recv(torch.zeros(10, device=device()), 0)
             else:
                 comm.send(torch.zeros(10, device=device()), 1)
@@ -420,11 +417,11 @@ def silent_in(rank, world, what, timeout):
     """Defect 6: a peer that goes silent in a gloo reduce_scatter (whose
     wait ignores its timeout) or during calibration: rank 0 raises PeerTimeout
     within the timeout."""
-    from portable_zip.comm.policy import Policy
+    from portable_zip.comm import calibration
 
     if what == "calibration":
         if rank == 1:
-            Policy._measure_native = staticmethod(lambda *a, **k: time.sleep(timeout * 5))
+            calibration.measure_native = lambda *a, **k: time.sleep(timeout * 5)
         t0 = time.monotonic()
         try:
             pz.Communicator(compress="auto", timeout=timeout)

@@ -183,15 +183,15 @@ def fail_mid_exchange(rank, world):
     """An exchange that raises with later waves still posted (a corrupt first
     stream) must cancel them before its buffers are freed: rank 1 raises,
     keeps running, and allocates over the freed buffers without a crash."""
-    import portable_zip.comm.wire as wire
+    from portable_zip.comm.pipeline import _Exchange
 
     comm = pz.Communicator(compress="always", transport="fabric", timeout=20)
     n = 10 << 20  # three 20 MiB bf16 tensors: waves [0, 1] and [2]
     if rank == 0:
-        good, calls = wire._compress_wave, []
+        good, calls = _Exchange._compress, []
 
-        def corrupt_first(wave_out, streams, sources):
-            new, bufs = good(wave_out, streams, sources)
+        def corrupt_first(self, wave_out):
+            new, bufs = good(self, wave_out)
             if not calls:
                 bufs[0][30] ^= 0xFF  # the header checksum: the receiver rejects wave 0
             else:
@@ -199,7 +199,7 @@ def fail_mid_exchange(rank, world):
             calls.append(1)
             return new, bufs
 
-        wire._compress_wave = corrupt_first
+        _Exchange._compress = corrupt_first
         try:
             for k in range(3):
                 comm.isend(data(3, 0, k, n, torch.bfloat16), 1)
@@ -226,3 +226,44 @@ def fail_mid_exchange(rank, world):
     except pz.PeerError as e:
         return msg, str(e)
     raise AssertionError("the engine kept running after an aborted exchange")
+
+
+def sm_budget_everywhere(rank, world, seed):
+    """Communicator(max_sms=k) caps every codec launch it makes: blocking
+    send/recv on this thread, an async all_reduce and an isend/irecv batch on
+    its worker thread. A pz.sm_budget where an op is called caps it too; with
+    neither, large tensors use every SM. Returns the codec's own launch report
+    (_C.launch_report) per case, after checking every result bit for bit."""
+    import contextlib
+
+    from portable_zip import _C
+
+    peer = 1 - rank
+    n = 4 << 20  # 8 MiB of bf16 per tensor: free grids span every SM
+    mine, theirs = bits(seed, rank, 0, n, torch.bfloat16), bits(seed, peer, 0, n, torch.bfloat16)
+    smooth = [data(seed, r, 1, n, torch.bfloat16) for r in range(world)]
+    want_sum = (smooth[0].float() + smooth[1].float()).to(torch.bfloat16)
+    reports = {}
+    for name, cap, budget in (("max_sms=2", 2, None), ("sm_budget(3)", None, 3), ("none", None, None)):
+        comm = pz.Communicator(compress="always", transport="fabric", device=device(), max_sms=cap, timeout=120)
+        torch.cuda.synchronize()
+        _C.launch_report(True)
+        with pz.sm_budget(budget) if budget else contextlib.nullcontext():
+            got = empty(n, dtype=torch.bfloat16)
+            for k in (0, 1):  # blocking, on this thread
+                if rank == k:
+                    comm.send(mine, peer)
+                else:
+                    comm.recv(got, peer)
+            check(same(got, theirs), f"{name}: send/recv")
+            t = smooth[rank].clone()
+            comm.all_reduce(t, async_op=True).wait()  # on the worker thread
+            check(same(t, want_sum), f"{name}: async all_reduce")
+            got2 = empty(n, dtype=torch.bfloat16)
+            for w in (comm.isend(mine, peer), comm.irecv(got2, peer)):  # a batch, flushed to the worker
+                w.wait()
+            check(same(got2, theirs), f"{name}: isend/irecv batch")
+        torch.cuda.synchronize()
+        reports[name] = _C.launch_report(False)
+        comm.close()
+    return reports, torch.cuda.get_device_properties(device()).multi_processor_count

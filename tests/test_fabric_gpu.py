@@ -46,3 +46,15 @@ def test_staged_edges_on_gpu():
            "PZ_FABRIC_DEPTH": "2"}
     res = ok(run(3, fabric_workers.staged_edges, seed(), env=env))
     assert all(n == 2 * 9 * 3 * 2 * 2 for n, _ in res.values()), res
+
+
+def test_max_sms_caps_every_launch():
+    """The SM budget reaches every codec launch a Communicator makes, on
+    every thread: the codec's own report of the grids it launched says so."""
+    res = ok(run(2, fabric_workers.sm_budget_everywhere, seed(), env={"PZ_TEST_DEVICES": "cuda,cuda"},
+                 deadline=600))
+    for rank, (reports, sms) in res.items():
+        for name, cap in (("max_sms=2", 2), ("sm_budget(3)", 3)):
+            rep = reports[name]
+            assert rep["launches"] >= 6 and 1 <= rep["max_sms"] <= cap, (rank, name, rep)
+        assert reports["none"]["max_sms"] == sms, (rank, reports["none"], sms)

@@ -1,8 +1,10 @@
 """Compressed communication: pz.Communicator mirrors torch.distributed."""
 from .collectives import ReduceOp
-from .communicator import Communicator, Work
+from .communicator import Communicator
 from .errors import MismatchError, PeerError, PeerTimeout
-from .transport import TorchDistTransport, Transport
+from .transports.base import Transport
+from .transports.torch import TorchDistTransport
+from .work import Work
 
 __all__ = ["Communicator", "MismatchError", "PeerError", "PeerTimeout", "ReduceOp", "TorchDistTransport",
            "Transport", "Work"]

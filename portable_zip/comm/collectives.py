@@ -1,19 +1,24 @@
-"""Collective algorithms over the wire protocol (compressed or raw transfers),
-and the native torch.distributed collectives used when compression does not pay.
+"""Collective algorithms over the one exchange (pipeline.exchange),
+compressed or raw.
 
 Reductions are two-shot and deterministic: shard j is reduced by rank j alone,
-in rank order, then distributed as bytes, so every rank ends bit-identical."""
+in rank order, then distributed as bytes, so every rank ends bit-identical.
+coded(peer) says whether the pair with peer compresses (in a mixed cluster
+only pairs in different domains do)."""
 from __future__ import annotations
 
 import enum
-import math
-from typing import List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
 import torch
 import torch.distributed as dist
 
-from .transport import Transport
-from .wire import Plan, Result
+from . import native
+from .pieces import Call, Plan, Result
+from .pipeline import exchange
+from .transports.base import Transport
+
+Coded = Callable[[int], bool]
 
 
 class ReduceOp(enum.Enum):
@@ -73,31 +78,25 @@ def reduce_local(chunks: Sequence[torch.Tensor], op: ReduceOp, divisor: Optional
     return acc.to(dtype)
 
 
-# --- the compressed (or raw, with coded=False) algorithms -------------------
-# coded: a bool for every peer, or a function of the peer (mixed clusters:
-# only pairs in different domains compress).
-
-def _plan(coded, peers):
-    if callable(coded):
-        return {p: Plan(bool(coded(p)), agreed=True) for p in peers}
-    return Plan(coded, agreed=True)
+def _plans(coded: Coded, peers) -> dict:
+    return {p: Plan(bool(coded(p)), agreed=True) for p in peers}
 
 
-def broadcast(tp: Transport, t, src, coded, timeout) -> Result:
+def broadcast(tp: Transport, t, src, coded: Coded, call: Call) -> Result:
     if tp.rank == src:
         peers = [j for j in range(tp.world) if j != src]
-        return tp.exchange({j: t for j in peers}, {}, _plan(coded, peers), timeout)
-    return tp.exchange({}, {src: t}, _plan(coded, [src]), timeout)
+        return exchange(tp, {j: t for j in peers}, {}, _plans(coded, peers), call)
+    return exchange(tp, {}, {src: t}, _plans(coded, [src]), call)
 
 
-def all_gather(tp: Transport, out, inp, coded, timeout) -> Result:
+def all_gather(tp: Transport, out, inp, coded: Coded, call: Call) -> Result:
     chunks = out.reshape(-1).chunk(tp.world) if inp.numel() else [out.reshape(-1)[:0]] * tp.world
     chunks[tp.rank].copy_(inp.reshape(-1))
     peers = [j for j in range(tp.world) if j != tp.rank]
-    return tp.exchange({j: inp for j in peers}, {j: chunks[j] for j in peers}, _plan(coded, peers), timeout)
+    return exchange(tp, {j: inp for j in peers}, {j: chunks[j] for j in peers}, _plans(coded, peers), call)
 
 
-def reduce_scatter(tp: Transport, out, inp, op: ReduceOp, coded, timeout, bounds=None, ranks=None,
+def reduce_scatter(tp: Transport, out, inp, op: ReduceOp, coded: Coded, call: Call, bounds=None, ranks=None,
                    divisor=None) -> Result:
     """Two-shot's first phase among ranks (default: every rank), in their
     order: the i-th of them reduces shard i (reduce_local; AVG divides by
@@ -109,13 +108,13 @@ def reduce_scatter(tp: Transport, out, inp, op: ReduceOp, coded, timeout, bounds
     lo, hi = bounds[me]
     peers = [j for j in ranks if j != me]
     bufs = {j: torch.empty(hi - lo, dtype=inp.dtype, device=inp.device) for j in peers}
-    res = tp.exchange({j: flat[bounds[j][0]: bounds[j][1]] for j in peers}, bufs, _plan(coded, peers), timeout)
+    res = exchange(tp, {j: flat[bounds[j][0]: bounds[j][1]] for j in peers}, bufs, _plans(coded, peers), call)
     parts = [flat[lo:hi] if j == me else bufs[j] for j in ranks]
     out.reshape(-1).copy_(reduce_local(parts, op, divisor))
     return res
 
 
-def all_reduce(tp: Transport, t, op: ReduceOp, coded, timeout, ranks=None, divisor=None) -> tuple:
+def all_reduce(tp: Transport, t, op: ReduceOp, coded: Coded, call: Call, ranks=None, divisor=None) -> tuple:
     """Two-shot all_reduce among ranks (default: every rank): reduce_scatter,
     then every reduced shard goes to the others as bytes."""
     ranks = list(range(tp.world)) if ranks is None else ranks
@@ -124,25 +123,25 @@ def all_reduce(tp: Transport, t, op: ReduceOp, coded, timeout, ranks=None, divis
     bounds = dict(zip(ranks, shards))
     lo, hi = bounds[tp.rank]
     mine = torch.empty(hi - lo, dtype=t.dtype, device=t.device)
-    rs = reduce_scatter(tp, mine, flat, op, coded, timeout, shards, ranks, divisor)
+    rs = reduce_scatter(tp, mine, flat, op, coded, call, shards, ranks, divisor)
     peers = [j for j in ranks if j != tp.rank]
     flat[lo:hi].copy_(mine)
-    ag = tp.exchange({j: mine for j in peers}, {j: flat[bounds[j][0]: bounds[j][1]] for j in peers},
-                     _plan(coded, peers), timeout)
+    ag = exchange(tp, {j: mine for j in peers}, {j: flat[bounds[j][0]: bounds[j][1]] for j in peers},
+                  _plans(coded, peers), call)
     return rs, ag
 
 
-def all_to_all(tp: Transport, out, inp, out_splits, in_splits, coded, timeout) -> Result:
-    src_chunks = _split_rows(inp, in_splits, tp.world)
-    dst_chunks = _split_rows(out, out_splits, tp.world)
+def all_to_all(tp: Transport, out, inp, out_splits, in_splits, coded: Coded, call: Call) -> Result:
+    src_chunks = _split_rows(inp, in_splits)
+    dst_chunks = _split_rows(out, out_splits)
     me = tp.rank
     dst_chunks[me].copy_(src_chunks[me])
     peers = [j for j in range(tp.world) if j != me]
-    return tp.exchange({j: src_chunks[j] for j in peers}, {j: dst_chunks[j] for j in peers}, _plan(coded, peers),
-                    timeout)
+    return exchange(tp, {j: src_chunks[j] for j in peers}, {j: dst_chunks[j] for j in peers},
+                    _plans(coded, peers), call)
 
 
-def hier_all_reduce(tp, t, op: ReduceOp, coded, timeout, domains) -> tuple:
+def hier_all_reduce(tp: Transport, t, op: ReduceOp, coded: Coded, call: Call, domains) -> tuple:
     """all_reduce across equal-sized domains (HetCCL-style), compression only
     between domains: a native reduce-scatter inside each domain leaves local
     rank l with shard l of its domain's partial sum; the ranks holding shard l
@@ -150,7 +149,7 @@ def hier_all_reduce(tp, t, op: ReduceOp, coded, timeout, domains) -> tuple:
     in domain order, accumulating in fp32 with one rounding; a native
     all-gather inside each domain spreads the result. Shard l's final bytes are
     computed by the same rule on every column member, so every rank of every
-    vendor ends bit-identical."""
+    vendor ends bit-identical. Needs tp.local (domains of two or more ranks)."""
     flat = t.reshape(-1)
     size = len(domains[0])
     me = tp.rank
@@ -162,40 +161,16 @@ def hier_all_reduce(tp, t, op: ReduceOp, coded, timeout, domains) -> tuple:
     padded = flat if per * size == n else torch.cat([flat, flat.new_zeros(per * size - n)])
     shard = torch.empty(per, dtype=t.dtype, device=t.device)
     native_op = ReduceOp.SUM.native() if op == ReduceOp.AVG else op.native()
-    grp = tp.local.group  # domains of two or more ranks: each has its native group
-    work = reduce_scatter_native(shard, padded, op=native_op, group=grp, async_op=True)
-    # gloo's reduce_scatter ignores wait(timeout): wait on a helper thread.
-    (tp.local.wait_detached if tp.local.backend == "gloo" else tp.local.wait)([work], timeout)
+    near = tp.local
+    work = native.reduce_scatter(shard, padded, op=native_op, group=near.group, async_op=True)
+    near.wait_detached([work], call.deadline)  # gloo's reduce_scatter ignores wait(timeout)
     # The column's two-shot all_reduce over the fabric, in domain order.
-    rs, ag = all_reduce(tp, shard, op, coded, timeout, ranks=column,
-                        divisor=tp.world if op == ReduceOp.AVG else None)
-    tp.local.wait([all_gather_native(padded, shard, group=grp, async_op=True)], timeout)
+    rs, ag = all_reduce(tp, shard, op, coded, call, ranks=column, divisor=tp.world if op == ReduceOp.AVG else None)
+    near.wait([native.all_gather(padded, shard, group=near.group, async_op=True)], call.deadline)
     if padded.data_ptr() != flat.data_ptr():
         flat.copy_(padded[:n])
     return rs, ag
 
 
-def rows(t: torch.Tensor) -> torch.Tensor:
-    """t as (dim 0, everything else): the unit all_to_all splits."""
-    return t.reshape(t.shape[0], math.prod(t.shape[1:]))
-
-
-def _split_rows(t: torch.Tensor, splits: Optional[Sequence[int]], world: int) -> List[torch.Tensor]:
-    flat_rows = rows(t)
-    if splits is None:
-        splits = [flat_rows.shape[0] // world] * world
-    return [c.reshape(-1) for c in torch.split(flat_rows, list(splits), dim=0)]
-
-
-# --- native collectives: uint8 views where the op only moves bytes ---
-
-# torch 2.13 renamed all_gather_into_tensor / reduce_scatter_tensor to *_single.
-all_gather_native = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-reduce_scatter_native = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-
-
-def row_bytes(t: torch.Tensor) -> torch.Tensor:
-    r = rows(t)
-    if not t.numel():  # any stride is legal on an empty tensor; view() is not
-        return torch.empty(r.shape[0], r.shape[1] * t.element_size(), dtype=torch.uint8, device=t.device)
-    return r.view(torch.uint8)
+def _split_rows(t: torch.Tensor, splits: Sequence[int]) -> List[torch.Tensor]:
+    return [c.reshape(-1) for c in torch.split(native.rows(t), list(splits), dim=0)]

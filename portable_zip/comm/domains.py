@@ -1,6 +1,6 @@
 """Mixed clusters: ranks that share a vendor and a native fast path form a
 domain; data moves natively inside a domain and over the fabric engine,
-compressed where it pays, between domains.
+compressed where it pays, between domains (transports/routed.py).
 
 Every rank publishes what it is (device kind, host, build) through the job's
 store at construction, so all ranks derive the same domains."""
@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import numbers
 import socket
-import time
-from typing import List, Optional, Sequence
+from typing import List, Sequence
 
 import torch
-import torch.distributed as dist
 
 from .. import _C, _device
+from .deadline import Deadline
 from .errors import MismatchError
-from .transport import TorchDistTransport, new_group_bounded, swap_through_store
+from .groups import new_group_bounded, swap_through_store
 
 
 def device_kind(device: torch.device) -> str:
@@ -25,13 +24,13 @@ def device_kind(device: torch.device) -> str:
     return "cpu"
 
 
-def rank_facts(group, device: torch.device, timeout: float, domains=None) -> List[dict]:
+def rank_facts(group, device: torch.device, deadline: Deadline, domains=None) -> List[dict]:
     """Every rank's {kind, host, build, domains (its domains= argument)},
     swapped through the job's store (keyed by the private group's unique name)."""
     build = _device.vendor() if _device.has_code() else "cpu"  # the device code this rank's build can run
     me = f"{device_kind(device)}|{socket.gethostname()}|{build}:{_C.format_version}|{_canonical(domains)}"
     out = []
-    for v in swap_through_store(group, "facts", me, timeout, "its device facts"):
+    for v in swap_through_store(group, "facts", me, deadline, "its device facts"):
         kind, host, build, doms = v.decode().split("|")
         out.append({"kind": kind, "host": host, "build": build, "domains": doms})
     return out
@@ -98,50 +97,3 @@ def domain_group(parent_ranks: List[int], members: List[int], kind: str, timeout
     """This rank's domain's torch group (NCCL/RCCL for GPUs, gloo for CPUs); only members call it."""
     backend = "nccl" if kind in ("cuda", "rocm") else "gloo"
     return new_group_bounded([parent_ranks[r] for r in members], backend, timeout, f"a peer of domain {members}")
-
-
-class RoutedTransport:
-    """Peers of this rank's domain over its native torch transport, every
-    other peer over the fabric engine; collectives see one transport."""
-
-    def __init__(self, local: Optional[TorchDistTransport], members: List[int], fabric):
-        self.local, self.fabric = local, fabric
-        self.rank, self.world, self.device = fabric.rank, fabric.world, fabric.device
-        self.members = members  # group ranks of this rank's domain; index = local rank
-        self._local_of = {r: i for i, r in enumerate(members)}
-        self.name = f"{local.name if local else 'alone'} + {fabric.name}"
-        self.backend = "routed"
-
-    def is_local(self, peer: int) -> bool:
-        return peer in self._local_of
-
-    def post(self, ops):
-        near = [(k, t, self._local_of[p]) for k, t, p in ops if p in self._local_of]
-        far = [(k, t, p) for k, t, p in ops if p not in self._local_of]
-        return (self.local.post(near) if near else None, self.fabric.post(far) if far else None)
-
-    def wait(self, pending, timeout: float) -> None:
-        near, far = pending
-        deadline = time.monotonic() + timeout
-        if far is not None:
-            self.fabric.wait(far, timeout)
-        if near is not None:
-            self.local.wait(near, max(deadline - time.monotonic(), 0.001))
-
-    def abort(self, why: str) -> None:
-        self.fabric.abort(why)
-
-    def exchange(self, sends, recvs, plan, timeout: float):
-        from .wire import exchange
-        return exchange(self, sends, recvs, plan, timeout)
-
-    def global_rank(self, r: int) -> int:
-        return self.fabric.global_rank(r)
-
-    def connect(self, timeout: float) -> None:
-        self.fabric.connect(timeout)
-        if self.local is not None:
-            self.local.connect(timeout)
-
-    def close(self) -> None:
-        self.fabric.close()

@@ -1,0 +1,115 @@
+"""Construction: which tensors a rank moves, its private group, its domains
+and the transport that connects them."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Dict, List
+
+import torch
+import torch.distributed as dist
+
+from ..settings import Settings
+from . import domains as dom
+from .deadline import Deadline
+from .groups import new_group_bounded
+from .transports import fabric
+from .transports.base import Transport
+from .transports.routed import RoutedTransport
+from .transports.torch import TorchDistTransport
+
+
+@dataclass
+class Layout:
+    """What construction decided."""
+    tp: Transport
+    domains: List[List[int]]
+    domain_of: Dict[int, int]
+    native: bool     # one domain over torch.distributed: torch's own collectives exist
+    mixed: bool      # several domains, some of several ranks: pairs differ (native inside, fabric between)
+    hier: bool       # equal domains of 2+ ranks: hierarchical all_reduce
+    all_gpu: bool
+    backend: str     # for people: what moves the bytes
+
+
+def timeout_of(timeout, settings: Settings) -> float:
+    if timeout is None:
+        timeout = settings.timeout
+    try:
+        out = float(timeout)
+    except (TypeError, ValueError):
+        raise TypeError(f"timeout must be a number of seconds, got {timeout!r}") from None
+    if not 0 < out < math.inf:
+        raise ValueError(f"timeout must be a positive, finite number of seconds, got {timeout!r}")
+    return out
+
+
+def device_of(device, group) -> torch.device:
+    """The tensors this rank moves: device=, else the group backend's (nccl: the current GPU)."""
+    if device is not None:
+        d = torch.device(device)
+        if d.type == "cuda" and d.index is None:
+            d = torch.device("cuda", torch.cuda.current_device())
+        if d.type not in ("cuda", "cpu"):
+            raise ValueError(f"device must be a CUDA/ROCm GPU or the CPU, got {device!r}")
+        return d
+    if str(dist.get_backend(group)) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def private_group(parent, timeout: float):
+    """A new group of parent's ranks: ops queued on our worker never share
+    tags or sequence numbers with the caller's own ops on theirs."""
+    return new_group_bounded(dist.get_process_group_ranks(parent), dist.get_backend(parent), timeout, "a peer")
+
+
+def open_transport(group, device: torch.device, transport: str, domains, settings: Settings,
+                   timeout: float) -> Layout:
+    """One domain: torch.distributed, as ever. Several (mixed vendors, or
+    transport='fabric'): the fabric engine between them, each domain's
+    native backend inside."""
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    facts = dom.rank_facts(group, device, Deadline(timeout), domains)
+    dom.check_facts(facts)
+    all_gpu = all(f["kind"] != "cpu" for f in facts)
+    doms = dom.resolve(domains, facts, transport)
+    if len(doms) == 1 and transport == "fabric" and world > 1:
+        doms = [[r] for r in range(world)]  # domains=[every rank]: still asked for the fabric; all of it rides there
+    domain_of = {r: i for i, d in enumerate(doms) for r in d}
+    if len(doms) == 1:
+        if len({f["kind"] for f in facts}) > 1:
+            raise ValueError("ranks hold different device kinds (" + ", ".join(
+                f"rank {j} {f['kind']}" for j, f in enumerate(facts)) + "): torch.distributed cannot connect "
+                "them; use transport='auto' or 'fabric'")
+        tp = TorchDistTransport(group)
+        if device != tp.device:
+            raise ValueError(f"device={device} but group backend '{tp.backend}' moves {tp.device.type} tensors")
+        if tp.backend == "nccl":
+            lib = "RCCL" if torch.version.hip else "NCCL"
+            why = f"group backend 'nccl' on {'ROCm' if torch.version.hip else 'CUDA'} torch: {lib}, GPU tensors"
+        else:
+            lib, why = tp.backend, f"group backend '{tp.backend}': CPU tensors"
+        return Layout(tp, doms, domain_of, True, False, False, all_gpu, f"{lib} via {tp.name} ({why})")
+    if transport == "torch":
+        raise ValueError(f"domains {doms} need the fabric transport between them; use transport='auto' or 'fabric'")
+    why = fabric.available()
+    if why:
+        raise RuntimeError(f"ranks form {len(doms)} domains {doms} (device kinds: " +
+                           ", ".join(sorted({f['kind'] for f in facts})) + "), which only the fabric transport "
+                           f"connects, and it is unavailable: {why}")
+    same_host = len({f["host"] for f in facts}) == 1
+    fab = fabric.FabricTransport(group, device, settings, same_host)
+    mixed = any(len(d) > 1 for d in doms)
+    tp: Transport = fab
+    if mixed:
+        # Every rank makes exactly one domain group, singletons too: torch
+        # names groups by how many this process holds, so counts must stay
+        # equal on every rank for later groups to match up.
+        mine = doms[domain_of[rank]]
+        grp = dom.domain_group(dist.get_process_group_ranks(group), mine, facts[rank]["kind"], timeout)
+        tp = RoutedTransport(TorchDistTransport(grp) if len(mine) > 1 else None, mine, fab)
+    # Hierarchical reductions need equal domains (one shard per local rank).
+    hier = len({len(d) for d in doms}) == 1 and len(doms[0]) > 1
+    backend = f"{tp.name} ({fab.info['rails']} rails, {fab.info['chunk']}-byte chunks; domains {doms})"
+    return Layout(tp, doms, domain_of, False, mixed, hier, all_gpu, backend)

@@ -1,0 +1,1 @@
+"""Transports: one interface (base.Transport), three implementations."""

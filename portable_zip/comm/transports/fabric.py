@@ -1,0 +1,112 @@
+"""The C++ libfabric engine (transport/), behind the transport interface.
+Python posts whole transfers and waits; chunking, rails, staging through
+pinned host memory and the progress thread are C++. Sized: a coded stream
+travels as one message whose length the engines learn from the codec's size
+field. Settings (PZ_FABRIC_*, the same on every rank; the engine checks):
+portable_zip/settings.py."""
+from __future__ import annotations
+
+import os
+from typing import List, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+
+from ... import _C, _device
+from ...settings import Settings
+from ..deadline import Deadline
+from ..errors import MismatchError, PeerError, PeerTimeout
+from ..groups import swap_through_store
+from .base import RECV, RECV_SIZED, SEND, SEND_SIZED, Op, Transport, TransportCosts, as_bytes
+
+_KIND = {SEND: 0, RECV: 1, SEND_SIZED: 2, RECV_SIZED: 3}  # the engine's op codes
+# Control (or spec) then one round per wave. Host time per exchange: a
+# compressed 4 MiB send over tcp;ofi_rxm between two H200 ranks took 0.9 ms
+# more than ratio x raw (bench/results/h200-fabric.json, 2026-12-01): the
+# header read-back and the staging of the sized message's first chunk.
+FABRIC_COSTS = TransportCosts(p2p_rounds=2, coll_rounds=2, second_phase_rounds=1, host_exchange_s=900e-6)
+
+
+def available() -> str:
+    """"" when this build has the engine and libfabric loads, else why not."""
+    return _C.fabric_probe()
+
+
+class FabricTransport(Transport):
+    """Between the ranks of a torch.distributed group; endpoint addresses are
+    swapped through the job's store, so any job (gloo-only included) can use it."""
+    sized = True
+    costs = FABRIC_COSTS
+
+    def __init__(self, group, device: torch.device, settings: Settings, same_host: bool):
+        why = available()
+        if why:
+            raise RuntimeError(f"transport='fabric' is unavailable: {why}")
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.world = dist.get_world_size(group)
+        self.device = device
+        if device.type == "cpu":
+            os.environ.setdefault("FI_HMEM", "system")  # a CPU rank: libfabric leaves CUDA/ROCr alone
+        else:
+            _device.require()  # the engine's staging copies use the vendor runtime
+        s = settings
+        try:
+            self.engine = _C.FabricEngine(s.fabric_provider, s.fabric_rails, s.fabric_chunk,
+                                          s.fabric_depth or max(4, 2 * s.fabric_rails), s.fabric_stage,
+                                          device.index if device.type == "cuda" else -1, self.rank, self.world,
+                                          same_host, s.fabric_spin)
+        except RuntimeError as e:
+            raise RuntimeError(f"transport='fabric': {e}") from None
+        self.info = self.engine.info()
+        self.name = f"libfabric/{self.info['provider']}"
+        self.backend = "fabric"
+        self._global = [dist.get_global_rank(group, r) if group is not dist.group.WORLD else r
+                        for r in range(self.world)]
+        self._cuda = device.type == "cuda"
+
+    def global_rank(self, r: int) -> int:
+        return self._global[r]
+
+    def connect(self, deadline: Deadline) -> None:
+        """Swap endpoint addresses through the job's store (the private group's
+        name keys them, so Communicators never collide), then connect."""
+        addrs = swap_through_store(self.group, "fabric", self.engine.address(), deadline, "its fabric address")
+        try:
+            self.engine.connect(addrs)
+        except ValueError as e:
+            raise MismatchError(str(e)) from None
+
+    def post(self, ops: Sequence[Op]):
+        """Tensors stay referenced until wait(): the engine holds raw pointers."""
+        keep, desc = [], []
+        for kind, t, peer in ops:  # empty ones too (the engine skips them): lens line up with ops
+            b = as_bytes(t)
+            keep.append(b)
+            desc.append((_KIND[kind], peer, b.data_ptr(), b.numel(), b.is_cuda))
+        if not desc:
+            return None
+        stream = torch.cuda.current_stream(self.device).cuda_stream if self._cuda else 0
+        try:
+            return self.engine.post(desc, stream), keep
+        except RuntimeError as e:
+            raise PeerError(f"{self.name}: {e}") from None
+
+    def wait(self, pending, deadline: Deadline) -> List[int]:
+        """Bytes each op moved (sized ones: the stream's length). Either error closes the engine."""
+        if pending is None:
+            return []
+        batch, _keep = pending
+        try:
+            lens: Optional[List[int]] = self.engine.wait(batch, float(deadline.left()))
+        except RuntimeError as e:
+            raise PeerError(f"{self.name}: {e}") from None
+        if lens is None:
+            raise PeerTimeout(f"{self.name}: a peer did not answer within {deadline.timeout:g} s")
+        return lens
+
+    def abort(self, why: str) -> None:
+        self.engine.abort(why)
+
+    def close(self) -> None:
+        self.engine.close()

@@ -1,0 +1,126 @@
+"""Point to point over an initialized torch.distributed group: NCCL on CUDA,
+RCCL on ROCm (torch's "nccl" backend), gloo on CPU."""
+from __future__ import annotations
+
+import datetime
+import threading
+import time
+from typing import List, Sequence
+
+import torch
+import torch.distributed as dist
+
+from ..deadline import Deadline
+from ..errors import PeerError, PeerTimeout
+from .base import RECV, SEND, Op, Transport, as_bytes
+
+_NCCL_NATIVE = frozenset((torch.bfloat16, torch.float16, torch.float32, torch.float64, torch.uint8, torch.int8,
+                          torch.int32, torch.int64))
+
+
+def movable(t: torch.Tensor, backend: str) -> torch.Tensor:
+    """t itself where the backend moves its dtype (NCCL: all but fp8), else its
+    uint8 view; skipping the view saves host time on small transfers."""
+    if backend == "nccl" and t.dtype in _NCCL_NATIVE:
+        return t if t.dim() == 1 else t.reshape(-1)
+    return as_bytes(t)
+
+
+class TorchDistTransport(Transport):
+    """Unsized: the pipeline moves a stream's fixed parts, then its tail.
+    Its own native collectives run on `group` (local is itself)."""
+
+    def __init__(self, group=None):
+        self.group = group if group is not None else dist.group.WORLD
+        self.backend = str(dist.get_backend(self.group))
+        self.rank = dist.get_rank(self.group)
+        self.world = dist.get_world_size(self.group)
+        self.name = f"torch.distributed/{self.backend}"
+        if self.backend == "nccl":
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        else:
+            self.device = torch.device("cpu")
+        self.local = self
+        self._global = [dist.get_global_rank(self.group, r) if self.group is not dist.group.WORLD else r
+                        for r in range(self.world)]
+        self._gloo = self.backend == "gloo"
+
+    def global_rank(self, r: int) -> int:
+        return self._global[r]
+
+    def connect(self, deadline: Deadline) -> None:
+        """Create the group's NCCL communicator now, with all ranks present:
+        NCCL builds it lazily and that set-up blocks the host, so a first send
+        to a silent peer could otherwise hang past any timeout."""
+        if self.world == 1 or self.backend != "nccl":
+            return
+        one = torch.zeros(1, dtype=torch.uint8, device=self.device)
+        bufs = {p: torch.empty_like(one) for p in range(self.world) if p != self.rank}
+        self.wait(self.post([(SEND, one, p) for p in bufs] + [(RECV, b, p) for p, b in bufs.items()]), deadline)
+
+    def post(self, ops: Sequence[Op]) -> List[object]:
+        ops = [(kind, t, peer) for kind, t, peer in ops if t.numel()]
+        if not ops:
+            return []
+        try:
+            # On NCCL every post is a batch: a lone isend/irecv runs on the
+            # pair's own communicator, and a send posted alone on one side but
+            # in a batch on the other (3+ ranks: the other side's wave holds
+            # more peers) would never match. gloo has one channel per pair.
+            if len(ops) == 1 and self.backend != "nccl":
+                kind, t, peer = ops[0]
+                fn = dist.isend if kind == SEND else dist.irecv
+                return [fn(movable(t, self.backend), self._global[peer], group=self.group)]
+            return dist.batch_isend_irecv([dist.P2POp(dist.isend if kind == SEND else dist.irecv,
+                                                      movable(t, self.backend), self._global[peer], self.group)
+                                           for kind, t, peer in ops])
+        except RuntimeError as e:
+            raise PeerError(f"{self.name}: posting {len(ops)} transfers failed: {e}") from e
+
+    def wait(self, works: List[object], deadline: Deadline) -> None:
+        for w in works:
+            try:
+                if self._gloo:
+                    w.wait(datetime.timedelta(seconds=deadline.left()))
+                    continue
+                # NCCL: wait() only orders streams, so poll completion for the
+                # deadline: spin first (a sleep costs ~60 us, more than a small
+                # transfer), then back off.
+                spin_until = time.monotonic() + 0.005
+                while not w.is_completed():
+                    now = time.monotonic()
+                    if now > deadline.at:
+                        raise PeerTimeout(f"{self.name}: a peer did not answer within {deadline.timeout:g} s")
+                    if now > spin_until:
+                        time.sleep(50e-6)
+                w.wait()
+            except PeerError:
+                raise
+            except RuntimeError as e:
+                msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+                if "timed out" in msg.lower() or "timeout" in msg.lower():
+                    raise PeerTimeout(f"{self.name}: a peer did not answer within {deadline.timeout:g} s "
+                                      f"({msg})") from e
+                raise PeerError(f"{self.name}: transfer failed, peer likely dead ({msg})") from e
+
+    def wait_detached(self, works: List[object], deadline: Deadline) -> None:
+        """wait() for works whose own wait ignores its timeout (gloo's
+        reduce_scatter blocks until the peer answers or dies): a helper thread
+        waits, this one gives up at the deadline. The group is unusable after
+        a timeout anyway, so the stuck helper is left to torch's own timeout."""
+        if not self._gloo:
+            return self.wait(works, deadline)
+        done, box = threading.Event(), []
+
+        def run():
+            try:
+                self.wait(works, deadline)
+            except BaseException as e:  # noqa: BLE001 - re-raised on the caller's thread
+                box.append(e)
+            done.set()
+
+        threading.Thread(target=run, name="pz-wait", daemon=True).start()
+        if not done.wait(deadline.left()):
+            raise PeerTimeout(f"{self.name}: a peer did not answer within {deadline.timeout:g} s")
+        if box:
+            raise box[0]

@@ -1,0 +1,89 @@
+"""Every PZ_* variable the Python package reads, read in one place.
+
+A Communicator reads them once, at construction (Settings.from_env()), and
+carries the result down to every exchange: a forked rank that sets its
+environment after import still gets its own values, and nothing below the
+Communicator reads os.environ. docs/SETTINGS.md lists these beside the
+build-time variables and the three the C++ library reads itself
+(PZ_GPU_LIBRARY, PZ_FABRIC_LIBRARY, PZ_CPU_SIMD)."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+from typing import Mapping, Optional
+
+WAVE_BYTES = 32 << 20  # each wave costs ~0.2-0.5 ms of host work (PZ_TRACE): few, large waves
+
+
+def _int(env: Mapping[str, str], name: str, default: int) -> int:
+    v = env.get(name)
+    try:
+        return int(v) if v else default
+    except ValueError:
+        raise ValueError(f"{name} must be an integer, got {v!r}") from None
+
+
+def _float(env: Mapping[str, str], name: str) -> Optional[float]:
+    v = env.get(name)
+    try:
+        return float(v) if v else None
+    except ValueError:
+        raise ValueError(f"{name} must be a number, got {v!r}") from None
+
+
+def _flag(env: Mapping[str, str], name: str) -> bool:
+    return env.get(name, "0") not in ("", "0")
+
+
+@dataclass(frozen=True)
+class Settings:
+    timeout: float = 300.0           # PZ_TIMEOUT: seconds before a silent peer raises PeerTimeout
+    check_plans: bool = False        # PZ_CHECK_PLANS=1: swap a hash of every op's plan and specs
+    sync_native: bool = False        # PZ_SYNC_NATIVE=1: native NCCL plans wait on the host, bounded by timeout
+    trace: bool = False              # PZ_TRACE=1: print each exchange's host timeline to stderr
+    piece_bytes: int = 0             # PZ_PIECE_BYTES: bytes per pipelined piece (0: by size); same on every rank
+    wave_bytes: int = WAVE_BYTES     # PZ_WAVE_BYTES: bytes per wave of an exchange; same on every rank
+    max_sms: Optional[int] = None    # PZ_MAX_SMS: default SM budget of a Communicator's codec launches
+    link_gbps: Optional[float] = None        # PZ_LINK_GBPS: policy override
+    link_latency_us: Optional[float] = None  # PZ_LINK_LATENCY_US
+    codec_gbps: Optional[float] = None       # PZ_CODEC_GBPS
+    policy_margin: Optional[float] = None    # PZ_POLICY_MARGIN (default 0.05)
+    fabric_provider: str = ""        # PZ_FABRIC_PROVIDER: force one ("tcp;ofi_rxm", "efa", "shm", ...)
+    fabric_rails: int = 2            # PZ_FABRIC_RAILS: endpoints per peer
+    fabric_chunk: int = 2 << 20      # PZ_FABRIC_CHUNK: bytes per chunk and staging slot
+    fabric_depth: int = 0            # PZ_FABRIC_DEPTH: chunks in flight per peer and direction (0: max(4, 2 x rails))
+    fabric_stage: bool = False       # PZ_FABRIC_STAGE=1: stage host memory too
+    fabric_spin: int = 2000          # PZ_FABRIC_SPIN: idle polls before the progress thread sleeps
+
+    @classmethod
+    def from_env(cls, env: Optional[Mapping[str, str]] = None) -> "Settings":
+        env = os.environ if env is None else env
+        s = cls(
+            timeout=_float(env, "PZ_TIMEOUT") if env.get("PZ_TIMEOUT") else cls.timeout,  # the Communicator checks it
+            check_plans=_flag(env, "PZ_CHECK_PLANS"),
+            sync_native=env.get("PZ_SYNC_NATIVE", "0") == "1",
+            trace=_flag(env, "PZ_TRACE"),
+            piece_bytes=_int(env, "PZ_PIECE_BYTES", 0),
+            wave_bytes=_int(env, "PZ_WAVE_BYTES", WAVE_BYTES),
+            max_sms=_int(env, "PZ_MAX_SMS", 0) or None,
+            link_gbps=_float(env, "PZ_LINK_GBPS"),
+            link_latency_us=_float(env, "PZ_LINK_LATENCY_US"),
+            codec_gbps=_float(env, "PZ_CODEC_GBPS"),
+            policy_margin=_float(env, "PZ_POLICY_MARGIN"),
+            fabric_provider=env.get("PZ_FABRIC_PROVIDER", ""),
+            fabric_rails=_int(env, "PZ_FABRIC_RAILS", 2),
+            fabric_chunk=_int(env, "PZ_FABRIC_CHUNK", 2 << 20),
+            fabric_depth=_int(env, "PZ_FABRIC_DEPTH", 0),
+            fabric_stage=env.get("PZ_FABRIC_STAGE") == "1",
+            fabric_spin=_int(env, "PZ_FABRIC_SPIN", 2000),
+        )
+        if s.piece_bytes < 0 or s.wave_bytes < 1:
+            raise ValueError(f"PZ_PIECE_BYTES must be >= 0 and PZ_WAVE_BYTES >= 1, got {s.piece_bytes}, "
+                             f"{s.wave_bytes}")
+        if s.max_sms is not None and s.max_sms < 1:
+            raise ValueError(f"PZ_MAX_SMS must be >= 1, got {s.max_sms}")
+        return s
+
+
+# field -> its variable (docs/SETTINGS.md lists each; a test checks).
+NAMES = {f.name: "PZ_" + f.name.upper() for f in fields(Settings)}
