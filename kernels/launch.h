@@ -4,14 +4,10 @@
 #include <stdint.h>
 
 #include "portable_zip/format.h"
+#include "portable_zip/gpu_runtime.h"  // the staging copies a transport uses
+#include "portable_zip/status.h"       // return codes and last_error_message()
 
 namespace pz {
-
-// Return codes of the launchers (0 = ok). Runtime errors carry their message
-// through last_error_message().
-enum LaunchStatus : int { kOk = 0, kBadArgument = 1, kRuntimeError = 2 };
-const char* last_error_message();
-void set_last_error(const char* what, const char* detail);
 
 // CPU (every build). threads <= 0 means one per hardware thread.
 uint64_t cpu_compress(const uint8_t* in, const fmt::Header& h, uint8_t* out, int threads);
@@ -54,18 +50,5 @@ uint64_t gpu_decode_batch_workspace_bytes(int n);
 int gpu_decode_batch(const uint8_t* const* ins, const uint64_t* in_lens, uint8_t* const* outs, uint32_t* const* errs,
                      const fmt::Header* expects, int n, void* workspace, void* stream, int device, int max_sms);
 int gpu_device_info(int device, int* warp_size, int* sm_count);
-
-// Staging copies for the fabric engine; handles are opaque.
-// gpu_copy_async queues a copy (any direction) on stream and records ev after it.
-int gpu_set_device(int device);
-int gpu_stream_new(void** stream);
-int gpu_stream_free(void* stream);
-int gpu_event_new(void** ev);
-int gpu_event_free(void* ev);
-int gpu_copy_async(void* dst, const void* src, uint64_t n, void* stream, void* ev);
-int gpu_event_done(void* ev);  // 1 done, 0 pending, kRuntimeError on failure
-int gpu_stream_after(void* stream, void* user_stream, void* ev);  // stream waits for user_stream's queued work
-int gpu_pinned_alloc(void** p, uint64_t n);
-int gpu_pinned_free(void* p);
 
 }  // namespace pz

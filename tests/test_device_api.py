@@ -1,10 +1,12 @@
 """The run-time GPU loader (kernels/device_api.cpp, portable_zip/_device.py):
 which device code file serves which GPU, and the errors a machine without
-the vendor's runtime or without the build's device code gets."""
+the vendor's runtime or without the build's device code gets. Also what _C
+tells GPU callers without a GPU: the stream size field's place."""
 import os
 import subprocess
 import sys
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,6 +14,7 @@ import torch
 import portable_zip as pz
 from portable_zip import _C, _device
 
+GOLDEN = Path(__file__).parent / "golden"
 FILES = ["compute_90.ptx", "sm_100.cubin", "sm_120.cubin", "sm_80.cubin", "sm_86.cubin", "sm_89.cubin", "sm_90.cubin"]
 
 
@@ -114,3 +117,21 @@ def test_bundle_targets_from_the_index():
     assert _C.bundle_targets(b"not a bundle") == []
     huge = b"__CLANG_OFFLOAD_BUNDLE__" + struct.pack("<Q", 1) + struct.pack("<QQQ", 0, 0, 2**64 - 8)
     assert _C.bundle_targets(huge) == []
+
+
+def test_total_bytes_offset_reads_every_streams_size():
+    """_C.total_bytes_offset: where a stream's size field lies (what a reader
+    of a GPU stream's size slices), the same value parse_header reports, on
+    the golden streams of every format version; no stream is shorter than
+    _C.fixed_header_bytes, which parse_header requires."""
+    off, fixed = _C.total_bytes_offset, _C.fixed_header_bytes
+    streams = sorted(GOLDEN.glob("*.pz")) + sorted(GOLDEN.glob("v*/*.pz"))
+    assert len(streams) > 10
+    for path in streams:
+        data = path.read_bytes()
+        assert off + 8 <= fixed <= len(data), path
+        size = int.from_bytes(data[off: off + 8], "little")
+        assert size == _C.parse_header(data, len(data))["total_bytes"] == len(data), path
+    with pytest.raises(pz.FormatError, match="shorter than the fixed 32-byte header"):
+        _C.parse_header(data[: fixed - 1], len(data))
+

@@ -14,7 +14,8 @@
 #include <stdexcept>
 
 #include "fabric_lib.h"
-#include "launch.h"
+#include "portable_zip/format.h"       // a sized message's length: the stream's own
+#include "portable_zip/gpu_runtime.h"  // staging copies of GPU memory
 
 namespace pz::fabric {
 namespace {
@@ -40,10 +41,13 @@ auto after(D d) {
   return std::chrono::system_clock::now() + d;
 }
 
-uint64_t get_u64(const uint8_t* p) {
-  uint64_t v = 0;
-  for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
-  return v;
+// A sized message's length, the total of the stream it carries: the
+// format's answer from the first `avail` bytes (the transport reads no header
+// field itself). False unless it is at least a fixed header (no stream is
+// shorter) and at most `room`.
+bool sized_total(const uint8_t* head, uint64_t avail, uint64_t room, uint64_t* total) {
+  *total = 0;
+  return fmt::stream_total_bytes(head, avail, total) && *total >= fmt::kFixedHeaderBytes && *total <= room;
 }
 
 void check(int rc, const char* what) {
@@ -294,8 +298,10 @@ uint64_t Engine::post(const std::vector<Op>& ops, void* user_stream) {
       if (op.peer < 0 || op.peer >= cfg_.world || op.peer == cfg_.rank)
         throw std::invalid_argument("fabric: peer " + std::to_string(op.peer) + " is not another rank");
       if (op.len / cfg_.chunk >= kMaxChunks) throw std::invalid_argument("fabric: transfer too large for its chunk size");
-      if ((op.kind == Kind::SendSized || op.kind == Kind::RecvSized) && op.len < 16)
-        throw std::invalid_argument("fabric: a sized transfer needs a buffer of at least a stream header");
+      if ((op.kind == Kind::SendSized || op.kind == Kind::RecvSized) && op.len < fmt::kFixedHeaderBytes)
+        throw std::invalid_argument("fabric: a sized transfer needs a buffer of at least a stream header (" +
+                                    std::to_string(fmt::kFixedHeaderBytes) + " bytes), got " +
+                                    std::to_string(op.len));
     }
     id = next_batch_++;
     Batch& b = batches_[id];
@@ -429,28 +435,19 @@ bool Engine::start_chunk(Xfer* x) {
     copying_.push_back(c);
     return true;
   }
-  if (x->send() && x->nchunks == 0) {  // sized, from host memory: the header is right there
-    x->total = get_u64(x->op.ptr + 8);
-  }
   c->state = Chunk::Wire;
   if (!post_wire(c)) p.retry.push_back(c);
   return true;
 }
 
-// Sized sends learn the stream's length from its header in chunk 0.
-static std::string sized_send_problem(Xfer* x, uint64_t total) {
-  if (total < 16 || total > x->op.len)
-    return "a stream to send says it holds " + std::to_string(total) + " bytes, outside its " +
-           std::to_string(x->op.len) + "-byte buffer";
-  return "";
-}
-
 bool Engine::post_wire(Chunk* c) {
   Xfer* x = c->x;
-  if (x->send() && x->nchunks == 0) {  // chunk 0 of a sized send: fix the length now
-    if (x->staged) x->total = get_u64(slot_ptr(*c->pair, cfg_, c->slot) + 8);
-    const std::string why = sized_send_problem(x, x->total);
-    if (!why.empty()) throw std::runtime_error(why);
+  if (x->send() && x->nchunks == 0) {  // chunk 0 of a sized send: its stream's header fixes the length now
+    const uint8_t* head = x->staged ? slot_ptr(*c->pair, cfg_, c->slot) : x->op.ptr;
+    if (!sized_total(head, c->len, x->op.len, &x->total))
+      throw std::runtime_error("a stream to send says it holds " + std::to_string(x->total) +
+                               " bytes; a stream holds at least its " + std::to_string(fmt::kFixedHeaderBytes) +
+                               "-byte header and at most its " + std::to_string(x->op.len) + "-byte buffer");
     x->nchunks = static_cast<uint32_t>((x->total + cfg_.chunk - 1) / cfg_.chunk);
     c->len = std::min<uint64_t>(cfg_.chunk, x->total);
   }
@@ -477,8 +474,8 @@ void Engine::on_wire_done(Chunk* c, uint64_t len) {
   if (!x->send()) {
     const uint8_t* got = x->staged ? slot_ptr(*c->pair, cfg_, c->slot) : x->op.ptr + c->off;
     if (x->nchunks == 0) {  // chunk 0 of a sized receive: the header says how long the stream is
-      const uint64_t total = len >= 16 ? get_u64(got + 8) : 0;
-      if (len < 16 || total < 16 || total > x->op.len || len != std::min<uint64_t>(total, cfg_.chunk))
+      uint64_t total;
+      if (!sized_total(got, len, x->op.len, &total) || len != std::min<uint64_t>(total, cfg_.chunk))
         throw std::runtime_error("rank " + std::to_string(peer) + " sent a stream whose header claims " +
                                  std::to_string(total) + " bytes (first chunk " + std::to_string(len) +
                                  " bytes, room for " + std::to_string(x->op.len) + ")");

@@ -25,9 +25,11 @@ struct fid_av;
 namespace pz::fabric {
 
 // Send/Recv move exactly len bytes. The sized kinds move a portable_zip
-// stream of at most len bytes whose real length is its header's total (the
-// u64 at byte 8), read on the device side by the sender's engine and from
-// the first chunk by the receiver's: no size round trip, no host sync.
+// stream of at most len bytes (len: a fixed stream header at least) whose
+// real length is its header's total, which the format reads
+// (fmt::stream_total_bytes) from the first chunk: the sender's engine before
+// posting it (GPU memory: once staged), the receiver's once it arrives. No
+// size round trip, no host sync.
 enum class Kind : int { Send = 0, Recv = 1, SendSized = 2, RecvSized = 3 };
 
 struct Op {

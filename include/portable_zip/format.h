@@ -274,7 +274,7 @@ inline Header plan_header(DType d, uint64_t numel, const int64_t* shape, int ndi
   return h;
 }
 
-inline void put_u64(uint8_t* p, uint64_t v) {
+PZ_HOST_DEVICE inline void put_u64(uint8_t* p, uint64_t v) {
   for (int i = 0; i < 8; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
 }
 PZ_HOST_DEVICE inline uint64_t get_u64(const uint8_t* p) {
@@ -283,11 +283,30 @@ PZ_HOST_DEVICE inline uint64_t get_u64(const uint8_t* p) {
   return v;
 }
 
-// The header's 32-bit word k as the checksum sees it: the total (bytes 8..15)
-// is taken from `total` (the GPU encoder learns it last), the checksum field
-// itself is zero.
+// The stream's total size (header included) is the u64 at kTotalBytesOffset,
+// within the fixed header, so its first kTotalBytesEnd bytes say how long a
+// stream is before the rest arrives: what a transport sizing a message, or
+// Python reading a GPU stream's size, asks of the format. A whole stream is
+// never shorter than kFixedHeaderBytes (parse_header's TooShort).
+constexpr int kTotalBytesOffset = 8;
+constexpr int kTotalBytesEnd = kTotalBytesOffset + 8;
+static_assert(kTotalBytesEnd <= kFixedHeaderBytes, "the size field lies inside the fixed header");
+
+// *total = the stream's size field, read from the first `avail` bytes of a
+// stream at p; false (and *total untouched) when they end before the field
+// does. The value is unchecked: parse_header validates it.
+PZ_HOST_DEVICE inline bool stream_total_bytes(const uint8_t* p, uint64_t avail, uint64_t* total) {
+  if (avail < kTotalBytesEnd) return false;
+  *total = get_u64(p + kTotalBytesOffset);
+  return true;
+}
+
+// The header's 32-bit word k as the checksum sees it: the total (its size
+// field) is taken from `total` (the GPU encoder learns it last), the checksum
+// field itself is zero.
 PZ_HOST_DEVICE PZ_FORCE_INLINE uint32_t header_word(const uint8_t* p, uint32_t k, uint64_t total) {
-  return k == 2 ? static_cast<uint32_t>(total) : k == 3 ? static_cast<uint32_t>(total >> 32)
+  return k == kTotalBytesOffset / 4 ? static_cast<uint32_t>(total)
+         : k == kTotalBytesOffset / 4 + 1 ? static_cast<uint32_t>(total >> 32)
          : k == kHeaderSumOffset / 4 ? 0u : get_u32(p + 4 * k);
 }
 
@@ -308,7 +327,7 @@ inline void write_header(const Header& h, uint8_t* out) {
   out[5] = static_cast<uint8_t>(h.dtype);
   out[6] = static_cast<uint8_t>(h.codec);
   out[7] = h.ndim;
-  put_u64(out + 8, h.total_bytes);
+  put_u64(out + kTotalBytesOffset, h.total_bytes);
   put_u64(out + 16, h.numel);
   out[24] = h.block_log2;
   out[25] = kProbBits;
@@ -377,7 +396,7 @@ PZ_HOST_DEVICE inline ParseError parse_header(const uint8_t* p, uint64_t head_le
   h->codec = static_cast<Codec>(p[6]);
   h->ndim = p[7];
   if (h->ndim > kMaxDims || len < kFixedHeaderBytes + 8ull * h->ndim) return ParseError::BadNdim;
-  h->total_bytes = get_u64(p + 8);
+  h->total_bytes = get_u64(p + kTotalBytesOffset);
   h->numel = get_u64(p + 16);
   h->block_log2 = p[24];
   h->lanes = p[26];

@@ -1,5 +1,7 @@
-// The one Python binding file: thin wrappers over launch.h. Pointers arrive as
-// integers from torch tensors the Python layer has already validated.
+// The one Python binding file: thin wrappers over the codec's launchers
+// (kernels/launch.h) and the fabric engine (transport/engine.h), the one file
+// that sees both. Pointers arrive as integers from torch tensors the Python
+// layer has already validated.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/map.h>
@@ -11,12 +13,12 @@
 #include <string>
 #include <vector>
 
-#include "device_api.h"
-#include "launch.h"
+#include "kernels/device_api.h"
+#include "kernels/launch.h"
 #include "portable_zip/block.h"
 #include "portable_zip/cpu_simd.h"
 #if defined(PZ_WITH_FABRIC)
-#include "engine.h"
+#include "transport/engine.h"
 #endif
 
 namespace nb = nanobind;
@@ -57,12 +59,11 @@ fmt::Header parse(const nb::bytes& data, uint64_t stream_len) {
   const auto e = fmt::parse_header(static_cast<const uint8_t*>(data.data()), data.size(), stream_len, &h);
   if (e != fmt::ParseError::Ok) {
     std::string msg = fmt::parse_error_text(e);
-    const auto* p = static_cast<const uint8_t*>(data.data());
-    if (e == fmt::ParseError::BadVersion)
-      msg += " " + std::to_string(p[4]) + "; this build reads versions " + std::to_string(fmt::kMinVersion) + " to " +
+    if (e == fmt::ParseError::BadVersion)  // parse_header filled in the field it rejected
+      msg += " " + std::to_string(h.version) + "; this build reads versions " + std::to_string(fmt::kMinVersion) + " to " +
              std::to_string(fmt::kVersion);
     if (e == fmt::ParseError::Truncated)
-      msg += " (" + std::to_string(stream_len) + " bytes, header says " + std::to_string(fmt::get_u64(p + 8)) + ")";
+      msg += " (" + std::to_string(stream_len) + " bytes, header says " + std::to_string(h.total_bytes) + ")";
     throw FormatError(msg);
   }
   return h;
@@ -200,6 +201,11 @@ NB_MODULE(_C, m) {
 
   m.attr("format_version") = fmt::kVersion;
   m.attr("lanes") = fmt::kLanes;
+  // Where a stream's total size lives (a u64, little-endian, header included):
+  // buf[total_bytes_offset : total_bytes_offset + 8] of a stream at least
+  // fixed_header_bytes long, read without parsing the header by hand.
+  m.attr("total_bytes_offset") = fmt::kTotalBytesOffset;
+  m.attr("fixed_header_bytes") = fmt::kFixedHeaderBytes;
 
   // The GPU vendor's runtime is loaded at run time, by name ("cuda", "hip"),
   // with the directory of device code the package ships beside _C.
