@@ -294,6 +294,19 @@ NB_MODULE(_C, m) {
                            ptr<void>(workspace), ptr<void>(stream), device, max_sms));
   }, nb::arg("ins"), nb::arg("in_lens"), nb::arg("outs"), nb::arg("errs"), nb::arg("dtypes"), nb::arg("numels"),
      nb::arg("shapes"), nb::arg("workspace"), nb::arg("stream"), nb::arg("max_sms") = 0, nb::arg("device") = -1);
+  // What the GPU codec launches of this process used since the last reset
+  // (launch.h, LaunchReport): {"launches", "max_grid", "max_sms",
+  // "max_grid_sms"}. max_sms is the most SMs a grid was sized for (a budget,
+  // or the device's SM count); reset=True zeroes the counts after reading them.
+  m.def("launch_report", [](bool reset) {
+    const LaunchReport r = gpu_launch_report(reset);
+    nb::dict d;
+    d["launches"] = r.launches;
+    d["max_grid"] = r.max_grid;
+    d["max_sms"] = r.max_sms;
+    d["max_grid_sms"] = r.max_grid_sms;
+    return d;
+  }, nb::arg("reset") = false);
   m.def("device_info", [](int device) {
     int warp = 0, sms = 0;
     check(gpu_device_info(device, &warp, &sms));

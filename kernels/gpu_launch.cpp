@@ -1,6 +1,7 @@
 // GPU launchers: plain host C++. The kernels live in the device module
 // (gpu_kernels.cu, loaded at run time through device_api.h) and are found by
 // name (kernel_names.h), so this file serves CUDA and HIP alike.
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <string>
@@ -25,9 +26,9 @@ static int fail(int e, const char* what) {
 // path makes no queries after the first.
 struct Ready {
   dev::Function f = nullptr;
-  unsigned per_sm_cap = 0;  // SMs x CTAs per SM
   int sms = 0;
   int per_sm = 0;
+  uint64_t ctas_per_sm() const { return static_cast<uint64_t>(per_sm > 0 ? per_sm : 1); }
 };
 
 static int ready(int device, const std::string& name, uint64_t smem, Ready* r) {
@@ -57,18 +58,55 @@ static int ready(int device, const std::string& name, uint64_t smem, Ready* r) {
   return kOk;
 }
 
+// A launch's grid: ctas CTAs, sized for sms SMs.
+struct Grid {
+  uint64_t ctas;
+  int sms;
+};
+
 // Persistent grid: as many CTAs as fit at once on max_sms SMs (all when <= 0),
 // never more than there is work for.
-static unsigned persistent_grid(const Ready& r, uint64_t work, int max_sms) {
+static Grid persistent_grid(const Ready& r, uint64_t work, int max_sms) {
   const int sms = max_sms > 0 && max_sms < r.sms ? max_sms : r.sms;
-  const uint64_t cap = static_cast<uint64_t>(sms) * static_cast<uint64_t>(r.per_sm > 0 ? r.per_sm : 1);
-  return static_cast<unsigned>(work < cap ? work : cap);
+  const uint64_t cap = static_cast<uint64_t>(sms) * r.ctas_per_sm();
+  return {work < cap ? work : cap, sms};
+}
+
+// The launch report (launch.h): every launch run() makes counts, so no
+// launch path can escape it. Relaxed atomics: counters, nothing ordered by them.
+static std::atomic<uint64_t> g_launches{0}, g_max_grid{0}, g_max_sms{0}, g_max_grid_sms{0};
+
+static void raise_to(std::atomic<uint64_t>& a, uint64_t v) {
+  uint64_t cur = a.load(std::memory_order_relaxed);
+  while (cur < v && !a.compare_exchange_weak(cur, v, std::memory_order_relaxed)) {
+  }
+}
+
+static void report_launch(const Ready& r, const Grid& g) {
+  g_launches.fetch_add(1, std::memory_order_relaxed);
+  raise_to(g_max_grid, g.ctas);
+  raise_to(g_max_sms, static_cast<uint64_t>(g.sms));
+  raise_to(g_max_grid_sms, (g.ctas + r.ctas_per_sm() - 1) / r.ctas_per_sm());
+}
+
+LaunchReport gpu_launch_report(bool reset) {
+  auto take = [reset](std::atomic<uint64_t>& a) {
+    return reset ? a.exchange(0, std::memory_order_relaxed) : a.load(std::memory_order_relaxed);
+  };
+  LaunchReport rep;
+  rep.launches = take(g_launches);
+  rep.max_grid = take(g_max_grid);
+  rep.max_sms = take(g_max_sms);
+  rep.max_grid_sms = take(g_max_grid_sms);
+  return rep;
 }
 
 template <class P>
-static int run(const Ready& r, unsigned grid, uint64_t smem, void* stream, P& params, const char* what) {
-  const int e = dev::launch(r.f, grid, gpu::kCtaThreads, smem, stream, &params);
-  return e ? fail(e, what) : static_cast<int>(kOk);
+static int run(const Ready& r, const Grid& g, uint64_t smem, void* stream, P& params, const char* what) {
+  const int e = dev::launch(r.f, static_cast<unsigned>(g.ctas), gpu::kCtaThreads, smem, stream, &params);
+  if (e) return fail(e, what);
+  report_launch(r, g);
+  return kOk;
 }
 
 static uint64_t tickets_of(const fmt::Header& h) {
@@ -85,7 +123,7 @@ static int spill_ctas(const fmt::Header& h0, int n, uint64_t tickets, int device
   Ready r;
   const uint64_t smem = gpu::kGroupsPerCta * gpu::compress_smem_per_group(gpu::compress_states(h0.lanes, true, n > 1));
   if (const int rc = ready(device, gpu::compress_name(h0.dtype, true, h0.codec, n > 1, h0.lanes), smem, &r)) return rc;
-  uint64_t cap = static_cast<uint64_t>(r.sms) * static_cast<uint64_t>(r.per_sm > 0 ? r.per_sm : 1);
+  uint64_t cap = static_cast<uint64_t>(r.sms) * r.ctas_per_sm();
   if (cap > gpu::kSpillCtas) cap = gpu::kSpillCtas;
   *ctas = tickets < cap ? tickets : cap;
   return kOk;
@@ -196,9 +234,9 @@ int gpu_compress_batch(const uint8_t* const* ins, const fmt::Header* hs, uint8_t
     launch.ticket_end = reinterpret_cast<const uint64_t*>(table + n * sizeof(gpu::CompressParams));
   }
   // A spilling grid has a slot per CTA: at most `slots` CTAs.
-  const uint64_t grid = persistent_grid(r, tickets, max_sms);
-  return run(r, static_cast<unsigned>(slots && grid > slots ? slots : grid), smem, stream, launch,
-             "launching the compress kernel");
+  Grid grid = persistent_grid(r, tickets, max_sms);
+  if (slots && grid.ctas > slots) grid.ctas = slots;
+  return run(r, grid, smem, stream, launch, "launching the compress kernel");
 }
 
 // Raw streams: one launch copies the payload and computes (encode) or checks
@@ -334,7 +372,7 @@ int gpu_device_info(int device, int* warp_size, int* sm_count) {
   return e ? fail(e, "querying the device") : static_cast<int>(kOk);
 }
 
-// --- staging copies for the fabric engine ---------------------------------
+// --- staging copies for a transport (gpu_runtime.h) ------------------------
 static int ok_or(int e, const char* what) { return e ? fail(e, what) : static_cast<int>(kOk); }
 
 int gpu_set_device(int device) { return ok_or(dev::use_device(device), "selecting the device"); }

@@ -51,4 +51,17 @@ int gpu_decode_batch(const uint8_t* const* ins, const uint64_t* in_lens, uint8_t
                      const fmt::Header* expects, int n, void* workspace, void* stream, int device, int max_sms);
 int gpu_device_info(int device, int* warp_size, int* sm_count);
 
+// The launch report: what this process's GPU codec launches (every kernel
+// above, both of a decode batch's) used since the last reset, so a test can
+// prove an SM budget reaches each launch from the codec's own account.
+// max_sms: the most SMs a grid was sized for (max_sms capped to the device's
+// SM count; the SM count without a budget). max_grid_sms: the most SMs' worth
+// of CTAs a grid held (its CTAs over the kernel's CTAs per SM, rounded up),
+// never above max_sms. Thread-safe; reset reads and zeroes each field at once
+// (a launch racing the call lands in this report or the next, field by field).
+struct LaunchReport {
+  uint64_t launches, max_grid, max_sms, max_grid_sms;
+};
+LaunchReport gpu_launch_report(bool reset);
+
 }  // namespace pz

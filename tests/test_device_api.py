@@ -1,7 +1,7 @@
 """The run-time GPU loader (kernels/device_api.cpp, portable_zip/_device.py):
 which device code file serves which GPU, and the errors a machine without
 the vendor's runtime or without the build's device code gets. Also what _C
-tells GPU callers without a GPU: the stream size field's place."""
+tells GPU callers without a GPU: the stream size field's place, the launch report."""
 import os
 import subprocess
 import sys
@@ -135,3 +135,14 @@ def test_total_bytes_offset_reads_every_streams_size():
     with pytest.raises(pz.FormatError, match="shorter than the fixed 32-byte header"):
         _C.parse_header(data[: fixed - 1], len(data))
 
+
+def test_launch_report_counts_no_cpu_work():
+    """_C.launch_report counts GPU codec launches only (tests/test_gpu.py
+    checks them): CPU compress and decompress leave it at zero; reset=True
+    reads then zeroes it, a plain read leaves it."""
+    _C.launch_report(reset=True)
+    zero = {"launches": 0, "max_grid": 0, "max_sms": 0, "max_grid_sms": 0}
+    t = torch.randn(300_001).to(torch.bfloat16)
+    assert torch.equal(pz.decompress(pz.compress(t)).view(torch.int16), t.view(torch.int16))
+    assert _C.launch_report() == zero
+    assert _C.launch_report(reset=True) == zero and _C.launch_report() == zero

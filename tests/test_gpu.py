@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import portable_zip as pz
+from portable_zip import _C
 from conftest import WIDE_MIN, forced_plan, fresh_rng, random_bits, same_bits, weights
 from test_errors import resign, words_at_end_stream, words_run_out_stream
 from test_fuzz import fuzz, make_streams, mutate, mutate_bytes
@@ -362,6 +363,57 @@ def test_gpu_sm_budget_rejects_bad_values():
     with pytest.raises(ValueError, match="max_sms"):
         with pz.sm_budget(-1):
             pass
+
+
+def launched(fn) -> dict:
+    """The launch report (_C.launch_report) of the GPU codec launches fn makes."""
+    _C.launch_report(reset=True)
+    fn()
+    torch.cuda.synchronize()
+    return _C.launch_report(reset=True)
+
+
+def test_gpu_launch_report_shows_the_sm_budget():
+    """An SM budget reaches every GPU launch path, by the codec's own account
+    of the grids it launched: compress (coded, stored raw, batch), decompress
+    (coded, raw), device-parsed decodes into out= (a single job's two
+    launches, the second its fast path whatever the stream; a batch's one).
+    Without a budget, grids are sized for every SM, and a large tensor's grid
+    fills more SMs than the budget allows."""
+    rng = fresh_rng()
+    sms = torch.cuda.get_device_properties(DEV).multi_processor_count
+    assert sms > 2, "the budget of 2 SMs must be below the device's SM count"
+    big = weights(rng, 1 << 24, torch.bfloat16).to(DEV)    # 1,024 blocks: more CTAs than 2 SMs hold
+    other = weights(rng, 300_001, torch.bfloat16).to(DEV)
+    raw = random_bits(rng, 1 << 22, torch.int32).to(DEV)   # stored raw: the raw-stream kernel
+    bufs = {k: pz.compress(t) for k, t in (("big", big), ("other", other), ("raw", raw))}
+    fixed = pz.compress(big, codec="fixed")
+    out, out2 = torch.empty_like(big), torch.empty_like(other)
+    paths = {  # name: (call, its launches)
+        "compress": (lambda: pz.compress(big, max_sms=2), 1),
+        "compress fixed": (lambda: pz.compress(big, max_sms=2, codec="fixed"), 1),
+        "compress raw": (lambda: pz.compress(raw, max_sms=2), 1),
+        "compress batch": (lambda: pz.compress_batch([big, other], max_sms=2), 1),
+        "decompress": (lambda: pz.decompress(bufs["big"], max_sms=2), 1),
+        "decompress raw": (lambda: pz.decompress(bufs["raw"], max_sms=2), 1),
+        "decode rans out=": (lambda: pz.decompress(bufs["big"], out=out, max_sms=2, check=True), 2),
+        "decode fixed out=": (lambda: pz.decompress(fixed, out=out, max_sms=2, check=True), 2),
+        "decode batch out=": (lambda: pz.decompress_batch([bufs["big"], bufs["other"]], out=[out, out2],
+                                                          max_sms=2, check=True), 1),
+    }
+    for name, (call, launches) in paths.items():
+        rep = launched(call)
+        assert rep["launches"] == launches, (name, rep)
+        assert 1 <= rep["max_grid_sms"] <= rep["max_sms"] <= 2 and rep["max_grid"] >= 1, (name, rep)
+    assert same_bits(out, big) and same_bits(out2, other)
+    with pz.sm_budget(2):  # the thread's budget, as a Communicator sets it
+        rep = launched(lambda: pz.decompress(pz.compress(big), out=out, check=True))
+    assert rep["launches"] == 3 and rep["max_sms"] <= 2, rep
+    budgeted = launched(lambda: pz.decompress(bufs["big"], max_sms=2))
+    full = launched(lambda: pz.decompress(bufs["big"]))
+    assert full["launches"] == 1 and full["max_sms"] == sms, (full, sms)
+    assert 2 < full["max_grid_sms"] <= sms and full["max_grid"] > budgeted["max_grid"], (full, budgeted)
+    assert _C.launch_report() == {"launches": 0, "max_grid": 0, "max_sms": 0, "max_grid_sms": 0}  # reset
 
 
 @pytest.mark.parametrize("codec", ["rans", "fixed"])
