@@ -16,6 +16,31 @@ from . import _C
 CODE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "device")
 _loaded = None  # the vendor whose runtime loaded
 
+# torch's own entry points for the per-call lookups of the GPU path (a CUDA or
+# ROCm build of torch has them); torch.cuda's wrappers build a Stream object
+# or re-check initialization each time, microseconds a call.
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+_get_device = getattr(torch._C, "_cuda_getDevice", None)
+_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
+
+
+def stream(index: int) -> int:
+    """The raw handle of torch's current stream on device index: where a
+    call's kernels and copies queue."""
+    if _raw_stream is not None:
+        return _raw_stream(index)
+    return torch.cuda.current_stream(index).cuda_stream
+
+
+def current() -> int:
+    """The index of this thread's current device, as torch sees it."""
+    return _get_device() if _get_device is not None else torch.cuda.current_device()
+
+
+def capturing() -> bool:
+    """Whether a CUDA graph is being captured on the current stream."""
+    return bool(_capturing()) if _capturing is not None else torch.cuda.is_current_stream_capturing()
+
 
 def vendor() -> str:
     """The GPU vendor torch runs on here: "cuda", "hip", or "cpu"."""

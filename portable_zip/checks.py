@@ -2,54 +2,58 @@
 so its error word is read later (README, "Decompress without a host sync").
 
 Each queued decode gets one int32 slot of a zeroed device slab (4096 slots,
-one memset per slab, no launch per call). The slot is read at the next point
-where the API synchronizes anyway: pz.check(), decompress or decompress_batch
-without out=, inspect, compressed_size and trim read only the slots of decodes
-queued on the stream they synchronized; pz.check() synchronizes the device and
-reads every slot. A failed decode raises FormatError naming the call."""
+one memset per slab, a slab per stream, no launch per call); a call takes
+the slots of all its decodes under one lock. The slot is read at the next
+point where the API synchronizes anyway: pz.check(), decompress or
+decompress_batch without out=, inspect, compressed_size and trim read only
+the slots of decodes queued on the stream they synchronized; pz.check()
+synchronizes the device and reads every slot. A failed decode raises
+FormatError naming the call."""
 from __future__ import annotations
 
 import threading
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 
-from . import _C
+from . import _C, _device
 
 _SLOTS = 4096
 _lock = threading.Lock()
 _seq = 0              # registrations so far: an entry is checked only by a sync that began after it
-_slabs: dict = {}     # device index -> [slab, next slot, event after its memset, its stream]
-_pending: dict = {}   # device index -> [(seq, slab, slot, stream id, what)]
+# (device index, stream) -> [slab, next slot, slots, address]. A slab per stream:
+# its zeros are written on the stream whose decodes use it, so they land first.
+_slabs: dict = {}
+# device index -> [(seq, slab, slots, stream, what, labels)]: an entry per call
+# (per launch), slots[j] the word of its decode j, named by labels[j] if any.
+_pending: dict = {}
 
 
-def slot(device: torch.device) -> tuple:
-    """A zeroed int32 error word on device for one decode about to be queued
-    on the current stream: (slab, index, word). Register it with register()
-    once the decode is queued."""
-    idx = device.index
-    stream = torch.cuda.current_stream(device)
+def slots(device: torch.device, stream: int, n: int) -> tuple:
+    """n consecutive zeroed int32 error words on device for decodes about to
+    be queued on stream (the raw handle of device's current stream): (slab,
+    first slot k, address of slot k). Register them with register() once the
+    decodes are queued."""
+    key = (device.index, stream)
     with _lock:
-        s = _slabs.get(idx)
-        if s is None or s[1] == _SLOTS:
-            slab = torch.zeros(_SLOTS, dtype=torch.int32, device=device)
-            ev = torch.cuda.Event()
-            ev.record(stream)
-            s = _slabs[idx] = [slab, 0, ev, stream.stream_id]
-        slab, k, ev, made_on = s
-        s[1] += 1
-    if made_on != stream.stream_id:
-        stream.wait_event(ev)  # the slab's zeros land before this stream's decode writes
-    return slab, k, slab[k:k + 1]
+        s = _slabs.get(key)
+        if s is None or s[1] + n > s[2]:
+            slab = torch.zeros(max(_SLOTS, n), dtype=torch.int32, device=device)  # on the current stream: stream
+            s = _slabs[key] = [slab, 0, slab.numel(), slab.data_ptr()]
+        k = s[1]
+        s[1] += n
+    return s[0], k, s[3] + 4 * k
 
 
-def register(device: torch.device, slab: torch.Tensor, k: int, what: str) -> None:
-    """Queues the check of slot k, whose decode is now queued on the current stream."""
+def register(index: int, stream: int, slab: torch.Tensor, ks: Sequence[int], what: str,
+             labels: Optional[Sequence[int]] = None) -> None:
+    """Queues the checks of slab's slots ks, whose decodes are now queued on
+    stream of device index: decode j named what, or "what stream i" for
+    labels[j] = i."""
     global _seq
-    sid = torch.cuda.current_stream(device).stream_id
     with _lock:
         _seq += 1
-        _pending.setdefault(device.index, []).append((_seq, slab, k, sid, what))
+        _pending.setdefault(index, []).append((_seq, slab, ks, stream, what, labels))
 
 
 def mark() -> int:
@@ -64,6 +68,11 @@ def _raise(failed: list) -> None:
     raise _C.FormatError(f"{what}: {_C.decode_error_text(bits)}{more}")
 
 
+def name(what: str, i: Optional[int]) -> str:
+    """How errors name a decode: the call, and the stream's index in a batch."""
+    return what if i is None else f"{what} stream {i}"
+
+
 def _read(entries: list) -> list:
     """(what, bits) of the failed entries, whose kernels have completed."""
     failed = []
@@ -71,8 +80,11 @@ def _read(entries: list) -> list:
     for e in entries:
         by_slab.setdefault(id(e[1]), (e[1], []))[1].append(e)
     for slab, es in by_slab.values():
-        words = slab.cpu().tolist()  # one copy per slab
-        failed += [(what, words[k]) for _, _, k, _, what in es if words[k]]
+        words = slab.cpu().numpy()  # one copy per slab
+        for _, _, ks, _, what, labels in es:
+            bits = words[ks.start:ks.stop] if isinstance(ks, range) else words[list(ks)]
+            failed += [(name(what, None if labels is None else labels[j]) + " (queued)", int(bits[j]))
+                       for j in bits.nonzero()[0]]
     return failed
 
 
@@ -92,7 +104,7 @@ def check_synced(device: torch.device, since: int) -> None:
     and registered before it."""
     if device.type != "cuda":
         return
-    sid = torch.cuda.current_stream(device).stream_id
+    sid = _device.stream(device.index)
     mine = _take(device.index, lambda e: e[0] <= since and e[3] == sid)
     failed = _read(mine) if mine else []
     if failed:
@@ -124,6 +136,5 @@ def check(device: Optional[torch.device | int | str] = None) -> None:
 def pending(device: Optional[int] = None) -> int:
     """How many queued decodes are not checked yet (on device, or all)."""
     with _lock:
-        if device is not None:
-            return len(_pending.get(device, ()))
-        return sum(len(es) for es in _pending.values())
+        es = _pending.get(device, []) if device is not None else [e for es in _pending.values() for e in es]
+        return sum(len(e[2]) for e in es)

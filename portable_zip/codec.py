@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import contextlib
+import functools
+import itertools
+import operator
 import threading
 from typing import Iterator, Optional, Sequence
 
@@ -13,12 +16,13 @@ except ImportError as e:  # imported from a source checkout that has no built ex
     raise ImportError("portable_zip's compiled extension is missing: install the package (pip install .) and "
                       "import it from outside the source tree (or run python -P)") from e
 from . import _device, checks
-from ._dtypes import CODED, CODEC_CODES, CODECS, code_of, dtype_of
+from ._dtypes import CODED, CODEC_CODES, CODECS, DTYPE_TO_CODE, code_of, dtype_of
 
 FormatError = _C.FormatError
 MAX_HEADER_BYTES = 32 + 8 * 16
 MAX_DIMS = 16
 MAX_NUMEL = 1 << 48  # format.h kMaxNumel: byte counts stay far from wrapping 64 bits
+_CODED = frozenset(CODED)
 
 
 def _threads(threads: Optional[int]) -> int:
@@ -37,10 +41,11 @@ def _check_tensor(t, what: str) -> None:
                          "call .contiguous() first")
     if t.dim() > MAX_DIMS:
         raise ValueError(f"{what} has {t.dim()} dimensions; portable_zip supports at most {MAX_DIMS}")
-    if t.device.type not in ("cpu", "cuda"):
+    if t.is_cuda:  # is_cuda/is_cpu: t.device builds an object, ~10x the cost
+        if _device._loaded is None:
+            _device.require()  # loads the vendor runtime and kernels, or says what is missing
+    elif not t.is_cpu:
         raise ValueError(f"{what} is on device {t.device}; portable_zip handles cpu and cuda (CUDA or ROCm) tensors")
-    if t.device.type == "cuda":
-        _device.require()  # loads the vendor runtime and kernels, or says what is missing
 
 
 def _resolved(t: torch.Tensor) -> torch.Tensor:
@@ -65,15 +70,53 @@ def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether two contiguous tensors share any byte of memory."""
     if a.device != b.device:
         return False
-    na, nb = a.numel() * a.element_size(), b.numel() * b.element_size()
+    na, nb = a.nbytes, b.nbytes
     if not na or not nb:
         return False
     pa, pb = a.data_ptr(), b.data_ptr()
     return pa < pb + nb and pb < pa + na
 
 
+def _any_overlap(bufs: Sequence[torch.Tensor], outs: Sequence[Optional[torch.Tensor]]) -> bool:
+    """False when no output shares memory with a stream or another output
+    (streams may share memory: they are only read); True when one may (the
+    caller's pairwise _overlap loop decides), in O(n log n). First by address
+    alone: n spans are disjoint iff, with starts and ends sorted apart, each
+    start is at or past the end ranked before it (C-speed passes, no pairs
+    built). Only if not, the spans sorted by (device index, start): a span
+    overlaps an earlier one iff it starts before the furthest end so far (of
+    any span, for an output; of an output's, for a stream)."""
+    ts = [t for t in itertools.chain(bufs, outs) if t is not None]
+    sizes = [t.nbytes for t in ts]
+    starts = [t.data_ptr() for t in ts]
+    if 0 in sizes:  # empty tensors share no byte
+        starts = [p for p, n in zip(starts, sizes) if n]
+        sizes = [n for n in sizes if n]
+    ends = sorted(map(operator.add, starts, sizes))
+    starts.sort()
+    if not any(map(operator.lt, itertools.islice(starts, 1, None), ends)):
+        return False
+    spans = []
+    for ts, is_out in ((bufs, False), (outs, True)):
+        for t in ts:
+            if t is not None and (n := t.nbytes):
+                p = t.data_ptr()
+                spans.append((t.get_device(), p, p + n, is_out))
+    spans.sort()
+    dev, end_any, end_out = None, 0, 0
+    for d, start, end, is_out in spans:
+        if d != dev:
+            dev, end_any, end_out = d, 0, 0
+        if start < (end_any if is_out else end_out):
+            return True
+        end_any = max(end_any, end)
+        if is_out:
+            end_out = max(end_out, end)
+    return False
+
+
 def _plan(t: torch.Tensor):
-    return code_of(t.dtype), t.numel(), list(t.shape)
+    return code_of(t.dtype), t.numel(), t.shape  # the binding takes a torch.Size as a list
 
 
 def max_compressed_size(numel: int, dtype: torch.dtype, ndim: Optional[int] = None) -> int:
@@ -94,19 +137,70 @@ def max_compressed_size(numel: int, dtype: torch.dtype, ndim: Optional[int] = No
 
 
 def _stream() -> int:
-    return torch.cuda.current_stream().cuda_stream
+    """The current device's current stream (raw handle)."""
+    return _device.stream(_device.current())
 
 
-_budget = threading.local()
+_SAME_DEVICE = contextlib.nullcontext()
+
+
+def _on(index: int):
+    """Context for a launch on device index. The launchers make that device
+    current themselves; torch.cuda.device puts the caller's back afterwards,
+    needed only when it differs (entering it costs microseconds)."""
+    return _SAME_DEVICE if _device.current() == index else torch.cuda.device(index)
+
+
+_WS_KEPT_MAX = 1 << 20  # bytes: workspaces up to this size are kept for the next call
+
+
+class _Kept(threading.local):
+    def __init__(self):
+        self.ws: dict = {}  # (device index, stream) -> workspace
+
+
+_kept = _Kept()
+
+
+def _workspace(device: torch.device, stream: int, nbytes: int) -> torch.Tensor:
+    """A uint8 buffer of at least nbytes on device for the copies and kernels
+    a call queues on stream (the raw handle of device's current stream).
+    Small ones are kept per (thread, device, stream) and reused: a call's
+    queued work uses its workspace only on that stream, so the next call's,
+    queued behind it, cannot race it. Per thread, as nothing makes one call's
+    table copy and launch atomic against another thread's on the same stream.
+    A kept buffer that is outgrown goes back to the caching allocator, which
+    reuses its block only on the stream it was allocated on: ordered too.
+    Larger ones, and any under graph capture (which fixes the address a
+    replay writes), are allocated per call, as before."""
+    if nbytes > _WS_KEPT_MAX or _device.capturing():
+        return torch.empty(nbytes, dtype=torch.uint8, device=device)
+    kept = _kept.ws
+    key = (device.index, stream)
+    ws = kept.get(key)
+    if ws is None or ws.numel() < nbytes:
+        ws = kept[key] = torch.empty(1 << max(12, (nbytes - 1).bit_length()), dtype=torch.uint8, device=device)
+    return ws
+
+
+class _Budget(threading.local):
+    max_sms: Optional[int] = None  # a class default: getattr(local, name, None) on a miss costs an exception
+
+
+_budget = _Budget()
 
 
 @contextlib.contextmanager
 def sm_budget(max_sms: Optional[int]) -> Iterator[None]:
     """Limit GPU compress/decompress in this thread to max_sms SMs (None: all),
-    so the codec can share the GPU with compute running beside it."""
+    so the codec can share the GPU with compute running beside it.
+    The budget is thread-local: work handed to a thread pool does not see it,
+    so code that runs the codec on other threads (the comm layer's workers)
+    passes max_sms to each call explicitly (_compress_padded, compress_batch,
+    _decode_gpu, _queue_decodes take it)."""
     if max_sms is not None and int(max_sms) < 1:
         raise ValueError(f"max_sms must be >= 1 or None, got {max_sms}")
-    old = getattr(_budget, "max_sms", None)
+    old = _budget.max_sms
     _budget.max_sms = None if max_sms is None else int(max_sms)
     try:
         yield
@@ -117,7 +211,7 @@ def sm_budget(max_sms: Optional[int]) -> Iterator[None]:
 def _max_sms(max_sms: Optional[int]) -> int:
     """The SM limit for one call (0 = all): the argument, else the sm_budget in force."""
     if max_sms is None:
-        max_sms = getattr(_budget, "max_sms", None)
+        max_sms = _budget.max_sms
     if max_sms is None:
         return 0
     if int(max_sms) < 1:
@@ -144,8 +238,8 @@ def _fresh(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """torch.empty, with huge pages asked for on large CPU buffers: writing a
     fresh 64 MiB buffer otherwise spends ~20 ms faulting in 4 KiB pages."""
     t = torch.empty(shape, dtype=dtype, device=device)
-    nbytes = t.numel() * t.element_size()
-    if t.device.type == "cpu" and nbytes >= _HUGE_MIN:
+    nbytes = t.nbytes
+    if t.is_cpu and nbytes >= _HUGE_MIN:
         _C.advise_huge_pages(t.data_ptr(), nbytes)
     return t
 
@@ -166,28 +260,47 @@ def _compress_exact_cpu(t: torch.Tensor, threads: Optional[int], codec: int) -> 
 def _compress_padded(t: torch.Tensor, threads: Optional[int] = None, max_sms: int = 0, codec: int = 1,
                      zero_pad: bool = False) -> torch.Tensor:
     """Compress into a buffer of max_compressed_size bytes; the header holds the true size.
+    max_sms: the GPU launch's SM limit, 0 for all (no sm_budget is read here).
     zero_pad: the bytes past the stream are zeros (a deterministic buffer, as the torch op promises)."""
     t, code, numel, shape = _planned(t)
     cap = _C.max_compressed_size(code, numel, shape)
-    if t.device.type == "cpu":
-        out = _fresh(cap, torch.uint8, t.device)
+    device = t.device
+    if t.is_cpu:
+        out = _fresh(cap, torch.uint8, device)
         total = _C.compress_cpu(t.data_ptr(), code, numel, shape, out.data_ptr(), _threads(threads), codec)
         if zero_pad:  # it writes every byte of the stream; past it, bytes are left over (segments are staged there)
             out[total:].zero_()
         return out
-    out = (torch.zeros if zero_pad else torch.empty)(cap, dtype=torch.uint8, device=t.device)
-    with torch.cuda.device(t.device):
+    out = (torch.zeros if zero_pad else torch.empty)(cap, dtype=torch.uint8, device=device)
+    dev = device.index
+    stream = _device.stream(dev)
+    with _on(dev):
         # Raw-stored tensors go through a kernel too: it copies and computes the payload's checksums.
-        ws = torch.empty(_C.compress_workspace_bytes(code, numel, shape, codec, t.device.index), dtype=torch.uint8,
-                         device=t.device)
-        _C.compress_gpu(t.data_ptr(), code, numel, shape, out.data_ptr(), ws.data_ptr(), _stream(), max_sms, codec,
-                        t.device.index)
+        ws = _workspace(device, stream, _C.compress_workspace_bytes(code, numel, shape, codec, dev))
+        _C.compress_gpu(t.data_ptr(), code, numel, shape, out.data_ptr(), ws.data_ptr(), stream, max_sms, codec, dev)
     return out
 
 
 def compressed_size(buf: torch.Tensor) -> int:
     """Bytes of the stream in buf (reads its header; synchronizes for GPU buffers)."""
     return int(_header(buf)[1]["total_bytes"])
+
+
+def size_field(buf: torch.Tensor) -> torch.Tensor:
+    """The 8 bytes of stream buffer buf that hold the stream's total size (a
+    little-endian u64, header included), as a uint8 view on buf's device:
+    buf[_C.total_bytes_offset : _C.total_bytes_offset + 8]. This is how
+    callers learn a GPU stream's size without parsing header bytes or a host
+    sync: copy the view where it is needed (into a pinned buffer with
+    non_blocking=True, beside other streams' fields), or hand it to a
+    transport that reads it on the device. The field is written with the
+    stream, so it is valid once the compress that wrote buf has run."""
+    _header_args(buf)
+    at = _C.total_bytes_offset
+    if buf.numel() < at + 8:
+        raise ValueError(f"a {buf.numel()}-byte buffer is too short to hold a stream's size field "
+                         f"(bytes {at} to {at + 8})")
+    return buf[at: at + 8]
 
 
 def _trim(buf: torch.Tensor) -> torch.Tensor:
@@ -213,12 +326,11 @@ def compress(t: torch.Tensor, *, trim: Optional[bool] = None, threads: Optional[
     it wins); decompress reads the codec from the header.
     """
     sms, code = _max_sms(max_sms), _codec_code(codec)
-    if (trim is not False and isinstance(t, torch.Tensor) and t.device.type == "cpu"
-            and t.numel() * t.element_size() > _MAPPED_MIN):
+    if trim is not False and isinstance(t, torch.Tensor) and t.is_cpu and t.nbytes > _MAPPED_MIN:
         return _compress_exact_cpu(t, threads, code)
     buf = _compress_padded(t, threads, sms, code)
     if trim is None:
-        trim = buf.device.type == "cpu"
+        trim = buf.is_cpu
     return _trim(buf) if trim else buf
 
 
@@ -234,9 +346,12 @@ def _header_args(buf) -> None:
 def _header(buf) -> tuple:
     _header_args(buf)
     n = min(buf.numel(), MAX_HEADER_BYTES)
-    since = checks.mark()
-    head = bytes(buf[:n].cpu().numpy().tobytes())
-    checks.check_synced(buf.device, since)  # the copy synchronized this stream: its queued decodes are done
+    if buf.is_cpu:
+        head = buf[:n].numpy().tobytes()
+    else:
+        since = checks.mark()
+        head = buf[:n].cpu().numpy().tobytes()
+        checks.check_synced(buf.device, since)  # the copy synchronized this stream: its queued decodes are done
     return head, _C.parse_header(head, buf.numel())
 
 
@@ -251,15 +366,14 @@ def decompress(buf: torch.Tensor, *, out: Optional[torch.Tensor] = None, threads
     header is read first (a host sync) and the result is checked before the
     call returns. CPU decodes are always checked before they return."""
     sms = _max_sms(max_sms)
-    if out is not None and isinstance(buf, torch.Tensor) and buf.device.type == "cuda":
+    if out is not None and isinstance(buf, torch.Tensor) and buf.is_cuda:
         _header_args(buf)
-        _check_out(out)
-        if out.device != buf.device:
+        _check_out(out)  # on a GPU, it loaded the GPU code (_device.require)
+        if out.get_device() != buf.get_device():
             raise ValueError(f"out is on {out.device} but the stream is on {buf.device}")
         if _overlap(out, buf):
             raise ValueError("out overlaps the stream's memory: decoding would overwrite the stream while reading it")
-        _check_tensor(buf, "stream")
-        _queue_decodes([buf], [out], check, sms)
+        _queue_decodes((buf,), (out,), check, sms)
         return out
     head, info = _header(buf)
     dtype = dtype_of(info["dtype"])
@@ -274,7 +388,7 @@ def decompress(buf: torch.Tensor, *, out: Optional[torch.Tensor] = None, threads
             raise ValueError(f"out is on {out.device} but the stream is on {buf.device}")
         if _overlap(out, buf):
             raise ValueError("out overlaps the stream's memory: decoding would overwrite the stream while reading it")
-    if buf.device.type == "cpu":
+    if buf.is_cpu:
         _C.decompress_cpu(head, buf.data_ptr(), buf.numel(), out.data_ptr(), _threads(threads))
         return out
     _check_tensor(buf, "stream")
@@ -286,41 +400,74 @@ def decompress(buf: torch.Tensor, *, out: Optional[torch.Tensor] = None, threads
     return out
 
 
-def _kernel_key(dtype: torch.dtype):
-    """Which device-parsed decode kernel serves outputs of dtype: its own for
-    an entropy-coded dtype, one shared by every dtype stored raw."""
-    return code_of(dtype) if dtype in CODED else "raw"
+# Which device-parsed decode kernel serves outputs of a dtype: its own for an
+# entropy-coded dtype, one shared by every dtype stored raw.
+_KERNEL_KEYS = {d: code_of(d) if d in CODED else "raw" for d in DTYPE_TO_CODE}
+
+
+def _grouped(keys: list) -> dict:
+    """key -> the indices (ascending) of keys holding it, None keys left out.
+    Batches are mostly of one key: that case costs one count."""
+    if keys and keys[0] is not None and keys.count(keys[0]) == len(keys):
+        return {keys[0]: list(range(len(keys)))}
+    groups: dict = {}
+    for i, k in enumerate(keys):
+        if k is not None:
+            groups.setdefault(k, []).append(i)
+    return groups
+
+
+def _pick(xs: Sequence, idx: list) -> Sequence:
+    """xs at the ascending indices idx (xs itself when idx is all of them)."""
+    return xs if len(idx) == len(xs) else [xs[i] for i in idx]
 
 
 def _queue_decodes(bufs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor], check: bool, max_sms: int,
-                   names: Optional[Sequence[str]] = None) -> None:
+                   what: str = "decompress", labels: Optional[Sequence[int]] = None) -> None:
     """Queue the decodes of GPU streams bufs[i] into outs[i] (one device,
     inputs validated), one launch per decode kernel, with no host sync. The
-    kernels parse the headers. check: wait and raise now; else each decode's
-    error word is registered for the next check (checks.py)."""
+    kernels parse the headers. max_sms: the launches' SM limit, 0 for all.
+    check: wait and raise now; else each decode's error word is registered
+    for the next check (checks.py). Errors name what, or "what stream i"
+    for decode j when labels[j] = i."""
     device = bufs[0].device
-    groups: dict = {}
-    for i, o in enumerate(outs):
-        groups.setdefault(_kernel_key(o.dtype), []).append(i)
-    errs = torch.zeros(len(bufs), dtype=torch.int32, device=device) if check else None
-    with torch.cuda.device(device):
-        for idx in groups.values():
-            ins = []
-            for i in idx:
-                b = bufs[i]
-                ins.append(b if b.data_ptr() % 16 == 0 else b.clone())  # the decoder reads 16-byte-aligned segments
-            slots = [] if check else [checks.slot(device) for _ in idx]
-            words = [errs[i:i + 1] for i in idx] if check else [w for _, _, w in slots]
-            ws = torch.empty(_C.decode_batch_workspace_bytes(len(idx)), dtype=torch.uint8, device=device)
-            _C.decode_gpu_batch([b.data_ptr() for b in ins], [b.numel() for b in ins],
-                                [outs[i].data_ptr() for i in idx], [w.data_ptr() for w in words],
-                                [code_of(outs[i].dtype) for i in idx], [outs[i].numel() for i in idx],
-                                [list(outs[i].shape) for i in idx], ws.data_ptr(), _stream(), max_sms, device.index)
-            for i, (slab, k, _) in zip(idx, slots):  # registered once queued: no check reads them before
-                checks.register(device, slab, k, (names[i] if names else "decompress") + " (queued)")
+    dev = device.index
+    stream = _device.stream(dev)
+    n = len(bufs)
+    # Lists built by comprehensions: a loop appending to six lists costs twice as much.
+    ins = [b.data_ptr() for b in bufs]
+    if functools.reduce(operator.or_, ins) % 16:  # the decoder reads 16-byte-aligned segments
+        # The copies live until queued: then the caching allocator reuses their blocks only behind this work.
+        bufs = [b.clone() if p % 16 else b for b, p in zip(bufs, ins)]
+        ins = [b.data_ptr() for b in bufs]
+    lens = [b.numel() for b in bufs]
+    ptrs = [o.data_ptr() for o in outs]
+    dtypes = [o.dtype for o in outs]
+    numels = [o.numel() for o in outs]
+    shapes = [o.shape for o in outs]
+    if dtypes.count(dtypes[0]) == n:  # one dtype: one launch (the common case, kept short)
+        codes, groups = [code_of(dtypes[0])] * n, [range(n)]
+    else:
+        codes = [code_of(d) for d in dtypes]
+        groups = list(_grouped([_KERNEL_KEYS[d] for d in dtypes]).values())  # one launch per decode kernel
+    if check:
+        errs = torch.zeros(n, dtype=torch.int32, device=device)
+        words = list(range(errs.data_ptr(), errs.data_ptr() + 4 * n, 4))
+    else:
+        slab, k0, w0 = checks.slots(device, stream, n)
+        words = list(range(w0, w0 + 4 * n, 4))
+    jobs = (ins, lens, ptrs, words, codes, numels, shapes)
+    with _on(dev):
+        for idx in groups:
+            ws = _workspace(device, stream, _C.decode_batch_workspace_bytes(len(idx)))
+            _C.decode_gpu_batch(*(jobs if len(idx) == n else [_pick(x, idx) for x in jobs]), ws.data_ptr(), stream,
+                                max_sms, dev)
+            if not check:  # registered once queued: no check reads them before
+                checks.register(dev, stream, slab, _pick(range(k0, k0 + n), idx), what,
+                                None if labels is None else _pick(labels, idx))
     if check:
         bits = errs.cpu().tolist()
-        failed = [((names[i] if names else "decompress"), w) for i, w in enumerate(bits) if w]
+        failed = [(checks.name(what, None if labels is None else labels[i]), w) for i, w in enumerate(bits) if w]
         if failed:
             checks._raise(failed)
 
@@ -329,13 +476,15 @@ def _decode_gpu(buf: torch.Tensor, head: bytes, info: dict, out: torch.Tensor, e
                 max_sms: int = 0) -> None:
     """Queue the decode of GPU stream buf (header already parsed: head, info)
     into out on the current stream, without a host sync; decode errors OR
-    their bits into err (int32 on the device), read when the caller syncs."""
+    their bits into err (int32 on the device), read when the caller syncs.
+    max_sms: the launch's SM limit, 0 for all (no sm_budget is read here)."""
     if buf.data_ptr() % 16:
         buf = buf.clone()  # the decoder reads 16-byte-aligned segments
-    with torch.cuda.device(buf.device):
+    dev = buf.device.index
+    with _on(dev):
         # Raw streams too: the kernel verifies the payload's checksums (and bools) as it copies.
-        _C.decompress_gpu(head, buf.data_ptr(), buf.numel(), out.data_ptr(), err.data_ptr(), _stream(), max_sms,
-                          buf.device.index)
+        _C.decompress_gpu(head, buf.data_ptr(), buf.numel(), out.data_ptr(), err.data_ptr(), _device.stream(dev),
+                          max_sms, dev)
 
 
 def inspect(buf: torch.Tensor) -> dict:
@@ -366,38 +515,71 @@ def compress_batch(tensors: Sequence[torch.Tensor], *, trim: Optional[bool] = No
                    threads: Optional[int] = None, max_sms: Optional[int] = None, codec: str = "rans") -> list:
     """compress() over many tensors. On the GPU, the entropy-coded tensors of
     each (device, dtype) go out in one kernel launch, into views of one buffer
-    (each view padded to max_compressed_size; the headers hold the sizes)."""
+    (each view padded to max_compressed_size; the headers hold the sizes).
+    max_sms: as for compress(); threads that do not carry the caller's
+    sm_budget (a pool's) pass it explicitly."""
     sms, codec_id = _max_sms(max_sms), _codec_code(codec)
-    out: list = [None] * len(tensors)
-    groups: dict = {}
     tensors = list(tensors)
     for i, t in enumerate(tensors):
         _check_tensor(t, f"tensors[{i}]")
-        tensors[i] = t = _resolved(t)
-        # One launch per (device, dtype) for 16-byte-aligned coded GPU tensors.
-        if t.device.type == "cuda" and t.data_ptr() % 16 == 0 and _C.raw_header(*_plan(t)) is None:
-            groups.setdefault((t.device, t.dtype), []).append(i)
-        else:
-            out[i] = _compress_padded(t, threads, sms, codec_id)
-    for (device, dtype), idx in groups.items():
-        code = code_of(dtype)
-        numels = [tensors[i].numel() for i in idx]
-        shapes = [list(tensors[i].shape) for i in idx]
-        caps = [-(-_C.max_compressed_size(code, n, sh) // 16) * 16 for n, sh in zip(numels, shapes)]
-        with torch.cuda.device(device):
-            flat = torch.empty(sum(caps), dtype=torch.uint8, device=device)
-            ws = torch.empty(_C.compress_batch_workspace_bytes(code, numels, shapes, codec_id, device.index),
-                             dtype=torch.uint8, device=device)
-            views, at = [], 0
-            for cap in caps:
-                views.append(flat[at: at + cap])
-                at += cap
-            _C.compress_gpu_batch([tensors[i].data_ptr() for i in idx], code, numels, shapes,
-                                  [v.data_ptr() for v in views], ws.data_ptr(), _stream(), sms, codec_id,
-                                  flat.device.index)
-        for i, v in zip(idx, views):
+        tensors[i] = _resolved(t)
+    # One launch per (device, dtype) for 16-byte-aligned coded GPU tensors (a coded dtype
+    # with elements is what plan_header codes: _C.raw_header(...) is None); the rest one by one.
+    keys = [(t.get_device(), t.dtype) if t.is_cuda and t.dtype in _CODED and t.numel() and not t.data_ptr() % 16
+            else None for t in tensors]
+    out = [None if k else _compress_padded(t, threads, sms, codec_id) for t, k in zip(tensors, keys)]
+    for (dev, dtype), idx in _grouped(keys).items():
+        group = _pick(tensors, idx)
+        device, code = group[0].device, code_of(dtype)
+        numels = [t.numel() for t in group]
+        shapes = [t.shape for t in group]
+        cap_of: dict = {}  # shape -> padded cap: a batch's tensors often share shapes
+        for n, sh in zip(numels, shapes):
+            if sh not in cap_of:
+                cap_of[sh] = -(-_C.max_compressed_size(code, n, sh) // 16) * 16
+        caps = [cap_of[sh] for sh in shapes]
+        flat = torch.empty(sum(caps), dtype=torch.uint8, device=device)
+        at = list(itertools.accumulate(caps, initial=flat.data_ptr()))
+        stream = _device.stream(dev)
+        with _on(dev):
+            ws = _workspace(device, stream, _C.compress_batch_workspace_bytes(code, numels, shapes, codec_id, dev))
+            _C.compress_gpu_batch([t.data_ptr() for t in group], code, numels, shapes, at[:-1], ws.data_ptr(), stream,
+                                  sms, codec_id, dev)
+        for i, v in zip(idx, flat.split(caps)):
             out[i] = v
-    return [_trim(o) if (trim or (trim is None and o.device.type == "cpu")) else o for o in out]
+    return [_trim(o) if (trim or (trim is None and o.is_cpu)) else o for o in out]
+
+
+def _check_outs(bufs: list, outs: list) -> None:
+    """decompress_batch's out=: each entry None or a valid output on its
+    stream's device, none overlapping a stream or another output. Raises the
+    error of the first output that has one, in the order the checks had when
+    each output was compared with every stream and every output before it
+    (the pairwise loop, run only when the sorted scan finds an overlap)."""
+    bad = None
+    for i, o in enumerate(outs):
+        if o is None:
+            continue
+        try:
+            _check_out(o, f"out[{i}]")
+            if (d := o.get_device()) != bufs[i].get_device() or (d < 0 and o.device != bufs[i].device):
+                raise ValueError(f"out[{i}] is on {o.device} but stream {i} is on {bufs[i].device}")
+        except (TypeError, ValueError) as e:
+            bad = (i, e)  # an overlap of an earlier output comes first
+            break
+    valid = outs if bad is None else outs[:bad[0]]
+    if _any_overlap(bufs, valid):
+        for i, o in enumerate(valid):
+            if o is None:
+                continue
+            for j, b in enumerate(bufs):
+                if _overlap(o, b):
+                    raise ValueError(f"out[{i}] overlaps stream {j}'s memory")
+            for j in range(i):
+                if outs[j] is not None and _overlap(o, outs[j]):
+                    raise ValueError(f"out[{i}] overlaps out[{j}]")
+    if bad is not None:
+        raise bad[1]
 
 
 def decompress_batch(bufs: Sequence[torch.Tensor], *, out: Optional[Sequence[torch.Tensor]] = None,
@@ -414,29 +596,17 @@ def decompress_batch(bufs: Sequence[torch.Tensor], *, out: Optional[Sequence[tor
     if out is not None and len(out) != len(bufs):
         raise ValueError(f"got {len(bufs)} streams but {len(out)} outputs")
     outs = list(out) if out is not None else [None] * len(bufs)
-    for j, b in enumerate(bufs):
+    for b in bufs:
         _header_args(b)
     if out is not None:  # no output may overwrite a stream or another output
-        for i, o in enumerate(outs):
-            if o is None:
-                continue
-            _check_out(o, f"out[{i}]")
-            if o.device != bufs[i].device:
-                raise ValueError(f"out[{i}] is on {o.device} but stream {i} is on {bufs[i].device}")
-            for j, b in enumerate(bufs):
-                if _overlap(o, b):
-                    raise ValueError(f"out[{i}] overlaps stream {j}'s memory")
-            for j in range(i):
-                if outs[j] is not None and _overlap(o, outs[j]):
-                    raise ValueError(f"out[{i}] overlaps out[{j}]")
-    gpu: dict = {}
-    for i, b in enumerate(bufs):
-        if b.device.type == "cuda":
-            _check_tensor(b, f"stream {i}")
-            gpu.setdefault(b.device, []).append(i)
-        else:
-            outs[i] = decompress(b, out=outs[i], threads=threads)
-    for device, idx in gpu.items():
+        _check_outs(bufs, outs)
+    devs = [b.get_device() if b.is_cuda else None for b in bufs]
+    if devs.count(None) < len(devs):
+        _device.require()  # what _check_tensor adds to _header_args for a GPU stream
+    for i in [i for i, d in enumerate(devs) if d is None]:
+        outs[i] = decompress(bufs[i], out=outs[i], threads=threads)
+    for idx in _grouped(devs).values():  # the GPU streams of one device
+        device = bufs[idx[0]].device
         need = [i for i in idx if outs[i] is None]
         if need:  # one header copy for the device's streams that have no output yet
             since = checks.mark()
@@ -447,10 +617,10 @@ def decompress_batch(bufs: Sequence[torch.Tensor], *, out: Optional[Sequence[tor
                 n = min(bufs[i].numel(), MAX_HEADER_BYTES)
                 info = _C.parse_header(heads[at:at + n], bufs[i].numel())
                 at += n
-                outs[i] = torch.empty(tuple(info["shape"]), dtype=dtype_of(info["dtype"]), device=device)
+                outs[i] = torch.empty(info["shape"], dtype=dtype_of(info["dtype"]), device=device)
         # Outputs this call allocated make it a synchronizing call: it checks before returning.
         _queue_decodes([bufs[i] for i in idx], [outs[i] for i in idx], check or bool(need), sms,
-                       [f"decompress_batch stream {i}" for i in idx])
+                       "decompress_batch", idx)
     return outs
 
 

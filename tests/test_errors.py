@@ -343,6 +343,121 @@ def test_decompress_batch_outputs_overlapping_other_streams_or_outputs():
         pz.decompress_batch([ba, bb], out=[shared, shared])
 
 
+def test_decompress_batch_overlap_messages_name_the_first_pair():
+    """The first output (in order) that overlaps anything is named, with the
+    lowest stream it overlaps, else the lowest earlier output; an output that
+    fails another check first is reported only if no earlier output overlaps."""
+    rng = fresh_rng()
+    ts = [weights(rng, 1000, torch.bfloat16) for _ in range(4)]
+    bufs = [pz.compress(t) for t in ts]
+    end = sum(b.numel() for b in bufs) // 2 * 2 + 2  # streams back to back, then room for the outputs
+    store = torch.zeros(end + 4 * 2000 + 4000, dtype=torch.uint8)
+    streams, at = [], 0
+    for b in bufs:
+        streams.append(store[at: at + b.numel()])
+        streams[-1].copy_(b)
+        at += b.numel()
+    room = [store[end + k * 2000: end + (k + 1) * 2000].view(torch.bfloat16) for k in range(4)]
+
+    def err(outs):
+        with pytest.raises(ValueError) as e:
+            pz.decompress_batch(streams, out=outs)
+        return str(e.value)
+
+    first = [s.data_ptr() - store.data_ptr() for s in streams]
+    into_stream = [store[a // 2 * 2 + 2: a // 2 * 2 + 2002].view(torch.bfloat16) for a in first]
+    assert err([room[0], into_stream[3], room[2], into_stream[0]]) == "out[1] overlaps stream 3's memory"
+    assert err([room[0], room[1], into_stream[2], room[3]]) == "out[2] overlaps stream 2's memory"
+    assert err([room[0], room[1], room[0], room[1]]) == "out[2] overlaps out[0]"
+    assert err([room[2], room[1], room[3], room[3][1:]]) == "out[3] overlaps out[2]"
+    assert err([into_stream[1], room[1], room[2], into_stream[1]]) == "out[0] overlaps stream 1's memory"
+    # The last stream's last bytes and out[0]'s first: the stream is named.
+    straddle = store[end - 4: end + 1996].view(torch.bfloat16)
+    assert err([room[0], room[1], room[2], straddle]) == "out[3] overlaps stream 3's memory"
+    bad = torch.empty(2000, dtype=torch.bfloat16)[::2]
+    assert err([room[0], into_stream[0], bad, into_stream[1]]) == "out[1] overlaps stream 0's memory"
+    assert "out[1] must be contiguous" in err([room[0], bad, into_stream[2], into_stream[3]])
+    assert err([room[0], None, room[0][5:], None]) == "out[2] overlaps out[0]"
+    with pytest.raises(ValueError, match="out overlaps the stream's memory"):
+        pz.decompress(streams[0], out=into_stream[0])
+    # Accepted: adjacent outputs, empty outputs inside streams, one stream decoded twice.
+    got = pz.decompress_batch(streams, out=[store[-4000:-2000].view(torch.bfloat16),
+                                            store[-2000:].view(torch.bfloat16), room[0], room[1]])
+    assert all(same_bits(g, t) for g, t in zip(got, [ts[0], ts[1], ts[2], ts[3]]))
+    empty = store[10:10].view(torch.bfloat16)
+    assert pz.decompress_batch([pz.compress(ts[0][:0]), streams[0]], out=[empty, room[2]])[0].numel() == 0
+    twice = pz.decompress_batch([streams[2], streams[2]], out=[room[0], room[1]])
+    assert same_bits(twice[0], ts[2]) and same_bits(twice[1], ts[2])
+
+
+def _pairwise_error(bufs, outs):
+    """The rule decompress_batch keeps, written the slow way: every output
+    against every stream, then every earlier output."""
+    def overlap(a, b):
+        return (a.nbytes and b.nbytes and a.data_ptr() < b.data_ptr() + b.nbytes
+                and b.data_ptr() < a.data_ptr() + a.nbytes)
+    for i, o in enumerate(outs):
+        if o is None:
+            continue
+        for j, b in enumerate(bufs):
+            if overlap(o, b):
+                return f"out[{i}] overlaps stream {j}'s memory"
+        for j in range(i):
+            if outs[j] is not None and overlap(o, outs[j]):
+                return f"out[{i}] overlaps out[{j}]"
+    return None
+
+
+def test_decompress_batch_overlap_check_matches_pairwise_rule():
+    """Random layouts of streams and outputs in two buffers (touching,
+    nested, empty, repeated spans; streams that share bytes): the sorted scan
+    accepts exactly what the pairwise rule accepts and names the same pair.
+    Validation only (the streams are not real): codec._check_outs."""
+    rng = fresh_rng()
+    stores = [torch.zeros(512, dtype=torch.uint8), torch.zeros(512, dtype=torch.uint8)]
+
+    def span(kind):
+        s = stores[int(rng.integers(0, 2))]
+        at = int(rng.integers(0, 8)) * 64 if kind == "grid" else int(rng.integers(0, 500))
+        n = 64 if kind == "grid" else int(rng.integers(0, 12 if rng.integers(0, 4) else 64))
+        return s[at: at + n]
+
+    seen = {"ok": 0, "stream": 0, "out": 0}
+    for trial in range(3000):
+        kind = "grid" if trial % 2 else "any"  # grid: 64-byte cells, so spans often touch or coincide
+        bufs = [span(kind) for _ in range(int(rng.integers(1, 9)))]
+        outs = [None if rng.integers(0, 6) == 0 else span(kind) for _ in bufs]
+        want = _pairwise_error(bufs, outs)
+        if want is None:
+            pz.codec._check_outs(bufs, outs)
+            seen["ok"] += 1
+        else:
+            with pytest.raises(ValueError) as e:
+                pz.codec._check_outs(bufs, outs)
+            assert str(e.value) == want, (trial, [(b.data_ptr(), b.nbytes) for b in bufs],
+                                          [o if o is None else (o.data_ptr(), o.nbytes) for o in outs])
+            seen["stream" if "stream" in want else "out"] += 1
+    assert min(seen.values()) > 100, seen  # every outcome drawn often
+
+
+def test_size_field():
+    """size_field: the 8-byte view holding the stream's size, at the offset
+    the binding gives, for trimmed and padded buffers; short or wrong buffers
+    are rejected."""
+    t = weights(fresh_rng(), 5000, torch.bfloat16)
+    buf = pz.compress(t)
+    padded = pz.compress(t, trim=False)
+    for b in (buf, padded):
+        f = pz.codec.size_field(b)
+        assert f.dtype == torch.uint8 and f.numel() == 8
+        assert f.data_ptr() == b.data_ptr() + pz.codec._C.total_bytes_offset  # a view: no copy, no sync
+        assert int.from_bytes(f.numpy().tobytes(), "little") == buf.numel() == pz.compressed_size(b)
+    with pytest.raises(ValueError, match="too short"):
+        pz.codec.size_field(buf[: pz.codec._C.total_bytes_offset + 7])
+    with pytest.raises(TypeError, match="uint8"):
+        pz.codec.size_field(t)
+
+
 def test_zeroed_data_and_checksum_raise():
     """A region zeroed together with its checksum (found by the fuzzer: a bool
     [1] stream whose payload and chunk checksum were set to 0 decoded to

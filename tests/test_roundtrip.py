@@ -1,6 +1,7 @@
 """Bit-exact round trips on the CPU path, exhaustive where the space is small."""
 import io
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -234,6 +235,78 @@ def test_batch_api(coded_dtype, codec):
     assert all(p.numel() >= b.numel() and torch.equal(pz.trim(p), b) for p, b in zip(padded, bufs))
     with pytest.raises(ValueError, match="max_sms"):
         pz.compress_batch(ts, max_sms=0)
+
+
+needs_gpu = pytest.mark.skipif(not (torch.cuda.is_available() and pz.backend_info()["backend"] in ("cuda", "hip")),
+                               reason="needs a GPU build and a GPU")
+
+
+def _queued_round_trips(ts, stream):
+    """Every GPU call that queues work, back to back on stream with no sync:
+    compress one by one and as a batch, decode into out= one by one and as a
+    batch. -> (outputs of the single decodes, outputs of the batch decode)"""
+    with torch.cuda.stream(stream):
+        singles = [pz.compress(t) for t in ts]
+        batch = pz.compress_batch(ts)
+        one = [torch.empty_like(t) for t in ts]
+        for b, o in zip(singles, one):
+            pz.decompress(b, out=o)
+        many = [torch.empty_like(t) for t in ts]
+        pz.decompress_batch(batch, out=many)
+    return one, many
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_gpu_queued_calls_reuse_workspaces_safely():
+    """Queued calls reuse a workspace per (thread, stream) and an error slab
+    per stream: back-to-back calls on one stream, on another, and from two
+    threads at once, none synchronized, all decode right; a bad stream queued
+    on a side stream is reported by pz.check(), and by a call that syncs
+    that stream."""
+    rng = fresh_rng()
+    ts = [weights(rng, n, d).cuda() for n in (1, 4097, 300_001, 1 << 20) for d in (torch.bfloat16, torch.float32)]
+    ts = ts * 3 + [random_bits(rng, 1001, torch.int32).cuda()]
+    side = [torch.cuda.Stream() for _ in range(3)]
+    torch.cuda.synchronize()  # the side streams read ts
+    results = [_queued_round_trips(ts, torch.cuda.current_stream()), _queued_round_trips(ts, side[0])]
+    with ThreadPoolExecutor(2) as pool:
+        results += list(pool.map(_queued_round_trips, [ts, ts], side[1:]))
+    torch.cuda.synchronize()
+    pz.check()
+    for one, many in results:
+        assert all(same_bits(a, t) and same_bits(b, t) for t, a, b in zip(ts, one, many))
+    good = pz.trim(pz.compress(ts[2]))
+    bad = good.clone()
+    bad[-100] ^= 0x40
+    torch.cuda.synchronize()
+    with torch.cuda.stream(side[0]):
+        pz.decompress(bad, out=torch.empty_like(ts[2]))
+    with pytest.raises(pz.FormatError, match="decompress .queued.: corrupted stream"):
+        pz.check()
+    with torch.cuda.stream(side[1]):
+        pz.decompress(bad, out=torch.empty_like(ts[2]))
+        with pytest.raises(pz.FormatError, match="decompress .queued.: corrupted stream"):
+            pz.inspect(good)  # its header copy syncs side[1]
+    assert pz.checks.pending() == 0
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_gpu_calls_on_another_device_leave_the_current_device():
+    """Calls on cuda:1 while cuda:0 is current run there and leave cuda:0 current."""
+    t = weights(fresh_rng(), 70_001, torch.bfloat16)
+    with torch.cuda.device(0):
+        x = t.to("cuda:1")
+        buf = pz.compress(x)
+        out = torch.empty_like(x)
+        pz.decompress(buf, out=out)
+        batch = pz.compress_batch([x, x])
+        outs = pz.decompress_batch(batch)
+        assert torch.cuda.current_device() == 0
+        pz.check()
+    assert all(same_bits(o.cpu(), t) for o in [out] + outs)
 
 
 def test_inspect_fields():
