@@ -670,7 +670,9 @@ PZ_DEVICE PZ_FORCE_INLINE void compress_ticket(const CompressParams& p, uint64_t
         // Header (minus the total, which the last block owns) and the zero gaps.
         // (The last block owns the total and the header checksum.)
         for (uint64_t i = lane; i < l.raw_begin; i += fmt::kLanes)
-          if (i < 8 || (i >= 16 && i < fmt::kHeaderSumOffset) || i >= fmt::kHeaderSumOffset + 4) p.out[i] = p.header[i];
+          if (i < fmt::kTotalBytesOffset || (i >= fmt::kTotalBytesEnd && i < fmt::kHeaderSumOffset) ||
+              i >= fmt::kHeaderSumOffset + 4)
+            p.out[i] = p.header[i];
         for (uint64_t i = l.raw_begin + l.nsym + lane; i < l.plane16_begin && plane16; i += fmt::kLanes) p.out[i] = 0;
         for (uint64_t i = l.raw_end + lane; i < l.offsets_begin; i += fmt::kLanes) p.out[i] = 0;
         for (uint64_t i = l.sums_begin + 4 * l.nsums + lane; i < l.coded_begin; i += fmt::kLanes) p.out[i] = 0;
@@ -682,7 +684,7 @@ PZ_DEVICE PZ_FORCE_INLINE void compress_ticket(const CompressParams& p, uint64_t
           hsum += fmt::hash_term(fmt::header_word(p.header, k, total), k);
         hsum = fmt::finish_checksum(group_sum32(hsum));
         if (lane == 0) {
-          for (int i = 0; i < 8; ++i) p.out[8 + i] = static_cast<uint8_t>(total >> (8 * i));
+          fmt::put_u64(p.out + fmt::kTotalBytesOffset, total);
           put_u32(p.out + fmt::kHeaderSumOffset, h.version >= 2 ? hsum : 0u);
         }
       }
