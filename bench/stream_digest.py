@@ -1,8 +1,9 @@
-"""Digests of the streams one build writes on the GPU, to compare two builds
-byte for byte (the prebuilt wheel against a source build, say):
+"""Digests of the streams one build writes on the GPU (or, --device cpu, on
+the CPU), to compare two builds or two devices byte for byte (the prebuilt
+wheel against a source build, or its GPU streams against its CPU codec's):
 
     python3 -P bench/stream_digest.py --out A.json         (with build A importable)
-    python3 -P bench/stream_digest.py --out B.json         (with build B importable)
+    python3 -P bench/stream_digest.py --out B.json         (with build B importable, or --device cpu)
     python3 -P bench/stream_digest.py --compare A.json B.json --json RESULT.json
 
 Tensors come from a fixed seed: every dtype, sizes from 1 element to 64 MiB,
@@ -12,7 +13,6 @@ import argparse
 import datetime
 import hashlib
 import json
-import subprocess
 import sys
 
 import torch
@@ -35,35 +35,35 @@ def cases():
     yield "bf16/offset-view", big[3:]
 
 
-def digest(out: str) -> None:
+def digest(out: str, device: str) -> None:
     import portable_zip as pz
 
     res = {}
     for name, t in cases():
-        d = t.cuda()
+        d = t.to(device)
         buf = pz.trim(pz.compress(d))
         back = pz.decompress(buf)
         assert torch.equal(back.cpu().view(torch.uint8), t.contiguous().view(torch.uint8)), name
         assert torch.equal(pz.decompress(buf.cpu()).view(torch.uint8), t.contiguous().view(torch.uint8)), name
         res[name] = hashlib.sha256(buf.cpu().numpy().tobytes()).hexdigest()
-    batch = [(torch.randn(n, generator=torch.Generator().manual_seed(n)) * 0.02).to(torch.bfloat16).cuda()
+    batch = [(torch.randn(n, generator=torch.Generator().manual_seed(n)) * 0.02).to(torch.bfloat16)
              for n in (4096, 100_000, 1 << 20)]
+    batch = [b.to(device) for b in batch]
     for i, b in enumerate(pz.compress_batch(batch, trim=True)):
         res[f"batch/{i}"] = hashlib.sha256(b.cpu().numpy().tobytes()).hexdigest()
     info = pz.backend_info()
-    json.dump({"digests": res, "backend": info, "module": pz.__file__}, open(out, "w"), indent=1)
-    print(f"{len(res)} streams from {pz.__file__} ({info['backend']}, {info.get('device_image')})")
+    json.dump({"digests": res, "device": device, "backend": info, "module": pz.__file__}, open(out, "w"), indent=1)
+    print(f"{len(res)} streams from {pz.__file__} on {device} ({info['backend']}, {info.get('device_image')})")
 
 
 def compare(a: str, b: str, out: str) -> int:
     A, B = json.load(open(a)), json.load(open(b))
     differ = sorted(k for k in set(A["digests"]) | set(B["digests"]) if A["digests"].get(k) != B["digests"].get(k))
-    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                         capture_output=True, text=True).stdout.strip()
-    result = {"what": "GPU streams of two builds, byte for byte", "date": datetime.date.today().isoformat(),
-              "gpu": smi, "torch": torch.__version__, "command": " ".join(sys.argv),
-              "builds": [{"file": a, "module": A["module"], "backend": A["backend"]},
-                         {"file": b, "module": B["module"], "backend": B["backend"]}],
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+    result = {"what": "streams of two builds or devices, byte for byte", "date": datetime.date.today().isoformat(),
+              "gpu": gpu, "torch": torch.__version__, "command": " ".join(sys.argv),
+              "builds": [{"file": f, "module": D["module"], "device": D.get("device", "cuda"), "backend": D["backend"]}
+                         for f, D in ((a, A), (b, B))],
               "streams": len(A["digests"]), "identical": not differ, "differ": differ}
     json.dump(result, open(out, "w"), indent=1)
     print(f"{len(A['digests'])} streams: {'identical' if not differ else f'{len(differ)} differ: {differ[:5]}'}")
@@ -73,9 +73,10 @@ def compare(a: str, b: str, out: str) -> int:
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out")
+    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     ap.add_argument("--compare", nargs=2)
     ap.add_argument("--json", default="wheel-vs-source.json")
     a = ap.parse_args()
     if a.compare:
         sys.exit(compare(*a.compare, a.json))
-    digest(a.out)
+    digest(a.out, a.device)
