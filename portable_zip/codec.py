@@ -434,17 +434,20 @@ def _queue_decodes(bufs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor], c
     dev = device.index
     stream = _device.stream(dev)
     n = len(bufs)
-    # Lists built by comprehensions: a loop appending to six lists costs twice as much.
-    ins = [b.data_ptr() for b in bufs]
+    # The binding's per-decode lists. A loop appending to them costs twice what
+    # comprehensions do, and comprehensions twice what literals do for decompress's one.
+    if n == 1:
+        (b,), (o,) = bufs, outs
+        ins, lens, ptrs = [b.data_ptr()], [b.numel()], [o.data_ptr()]
+        dtypes, numels, shapes = [o.dtype], [o.numel()], [o.shape]
+    else:
+        ins, lens = [b.data_ptr() for b in bufs], [b.numel() for b in bufs]
+        ptrs, dtypes = [o.data_ptr() for o in outs], [o.dtype for o in outs]
+        numels, shapes = [o.numel() for o in outs], [o.shape for o in outs]
     if functools.reduce(operator.or_, ins) % 16:  # the decoder reads 16-byte-aligned segments
         # The copies live until queued: then the caching allocator reuses their blocks only behind this work.
         bufs = [b.clone() if p % 16 else b for b, p in zip(bufs, ins)]
         ins = [b.data_ptr() for b in bufs]
-    lens = [b.numel() for b in bufs]
-    ptrs = [o.data_ptr() for o in outs]
-    dtypes = [o.dtype for o in outs]
-    numels = [o.numel() for o in outs]
-    shapes = [o.shape for o in outs]
     if dtypes.count(dtypes[0]) == n:  # one dtype: one launch (the common case, kept short)
         codes, groups = [code_of(dtypes[0])] * n, [range(n)]
     else:
