@@ -536,11 +536,10 @@ def compress_batch(tensors: Sequence[torch.Tensor], *, trim: Optional[bool] = No
         device, code = group[0].device, code_of(dtype)
         numels = [t.numel() for t in group]
         shapes = [t.shape for t in group]
-        cap_of: dict = {}  # shape -> padded cap: a batch's tensors often share shapes
-        for n, sh in zip(numels, shapes):
-            if sh not in cap_of:
-                cap_of[sh] = -(-_C.max_compressed_size(code, n, sh) // 16) * 16
-        caps = [cap_of[sh] for sh in shapes]
+        cap_of = dict.fromkeys(shapes)  # shape -> padded cap: a batch's tensors often share shapes
+        for sh in cap_of:
+            cap_of[sh] = -(-_C.max_compressed_size(code, sh.numel(), sh) // 16) * 16
+        caps = list(map(cap_of.__getitem__, shapes))
         flat = torch.empty(sum(caps), dtype=torch.uint8, device=device)
         at = list(itertools.accumulate(caps, initial=flat.data_ptr()))
         stream = _device.stream(dev)
@@ -548,9 +547,15 @@ def compress_batch(tensors: Sequence[torch.Tensor], *, trim: Optional[bool] = No
             ws = _workspace(device, stream, _C.compress_batch_workspace_bytes(code, numels, shapes, codec_id, dev))
             _C.compress_gpu_batch([t.data_ptr() for t in group], code, numels, shapes, at[:-1], ws.data_ptr(), stream,
                                   sms, codec_id, dev)
-        for i, v in zip(idx, flat.split(caps)):
-            out[i] = v
-    return [_trim(o) if (trim or (trim is None and o.is_cpu)) else o for o in out]
+        views = flat.split(caps)
+        if len(idx) == len(out):
+            out = list(views)
+        else:
+            for i, v in zip(idx, views):
+                out[i] = v
+    if trim or (trim is None and None in keys):  # only tensors sent one by one can be on the CPU
+        out = [_trim(o) if (trim or o.is_cpu) else o for o in out]
+    return out
 
 
 def _check_outs(bufs: list, outs: list) -> None:
