@@ -627,8 +627,7 @@ def decompress_batch(bufs: Sequence[torch.Tensor], *, out: Optional[Sequence[tor
                 at += n
                 outs[i] = torch.empty(info["shape"], dtype=dtype_of(info["dtype"]), device=device)
         # Outputs this call allocated make it a synchronizing call: it checks before returning.
-        _queue_decodes([bufs[i] for i in idx], [outs[i] for i in idx], check or bool(need), sms,
-                       "decompress_batch", idx)
+        _queue_decodes(_pick(bufs, idx), _pick(outs, idx), check or bool(need), sms, "decompress_batch", idx)
     return outs
 
 
