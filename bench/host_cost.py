@@ -3,7 +3,9 @@
 what the CPU pays per call while kernels run (decompress_batch without out=
 reads headers, so it syncs inside the call); the GPU is synchronized between
 reps, outside the timed region. On the CPU the times include the coding
-itself: the small sizes are where host overhead shows there.
+itself: the small sizes are where host overhead shows there. Each row also
+has cpu_us, the process's CPU time over the call (median): steadier than the
+wall time on a shared machine.
 
     python -P bench/host_cost.py [--device cuda|cpu] [--sizes 1M,4K] [--count 64] [--reps 20]
                                  [--profile] [--out FILE] [--label TEXT]
@@ -41,18 +43,22 @@ def _settle(device: str) -> None:
     pz.check()
 
 
-def host_us(fn, device: str, reps: int, warmup: int = 3) -> float:
-    """Median microseconds until fn() returns (no sync inside the timed region)."""
+def host_us(fn, device: str, reps: int, warmup: int = 3) -> tuple:
+    """Median microseconds until fn() returns (no sync inside the timed
+    region), and median CPU microseconds of this process meanwhile (all its
+    threads: on a shared machine, what the call cost without the waits for a
+    core)."""
     for _ in range(warmup):
         fn()
-    times = []
+    wall, cpu = [], []
     for _ in range(reps):
         _settle(device)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         fn()
-        times.append(time.perf_counter() - t0)
+        wall.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
     _settle(device)
-    return 1e6 * statistics.median(times)
+    return 1e6 * statistics.median(wall), 1e6 * statistics.median(cpu)
 
 
 def workloads(device: str, nbytes: int, count: int) -> dict:
@@ -111,13 +117,13 @@ def main() -> None:
     rows, profiles = [], []
     for nbytes in [parse_size(s) for s in a.sizes.split(",") if s]:
         for op, (calls, fn) in workloads(a.device, nbytes, a.count).items():
-            us = host_us(fn, a.device, a.reps)
+            us, cpu_us = host_us(fn, a.device, a.reps)
             rows.append({"device": a.device, "bytes": nbytes, "size": fmt_size(nbytes), "op": op, "calls": calls,
-                         "host_us": us, "us_per_tensor": us / calls})
+                         "host_us": us, "us_per_tensor": us / calls, "cpu_us": cpu_us})
             if a.profile and calls > 1:
                 profiles.append(profile(f"{op}, {fmt_size(nbytes)} each", fn, a.device, a.reps, a.top))
                 print(profiles[-1])
-    print_table(rows, ["size", "op", "host_us", "us_per_tensor"],
+    print_table(rows, ["size", "op", "host_us", "us_per_tensor", "cpu_us"],
                 f"host µs until return, {a.device}, median of {a.reps} ({a.label or 'this build'})")
     if a.out:
         run = {"label": a.label, "machine": machine_info(), "reps": a.reps, "load_average": os.getloadavg(), "rows": rows}
