@@ -72,6 +72,7 @@ def _profile(fn, n: int) -> dict:
 
 def _rank(rank: int, world: int, port: int, device: str, reps: int, q) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), NCCL_NVLS_ENABLE="0")
+    os.environ.setdefault("PZ_FABRIC_PROVIDER", "tcp;ofi_rxm")  # loopback between the two ranks
     dist.init_process_group("gloo", rank=rank, world_size=world)
     import portable_zip as pz
 
