@@ -1,5 +1,5 @@
 """portable_zip: lossless exponent compression for GPU communication."""
-__version__ = "0.1.0"
+from ._version import __version__  # noqa: F401
 
 from .checks import check  # noqa: E402
 from .codec import (  # noqa: E402

@@ -17,6 +17,7 @@ except ImportError as e:  # imported from a source checkout that has no built ex
                       "import it from outside the source tree (or run python -P)") from e
 from . import _device, checks
 from ._dtypes import CODED, CODEC_CODES, CODECS, DTYPE_TO_CODE, code_of, dtype_of
+from ._version import __version__
 
 FormatError = _C.FormatError
 MAX_HEADER_BYTES = 32 + 8 * 16
@@ -635,8 +636,6 @@ def backend_info(device: Optional[int] = None) -> dict:
     """What this build carries and uses: the GPU vendor torch runs on
     ("backend": cuda, hip or cpu when the build has no code for it), the
     device code per vendor, and the device's warp size."""
-    from . import __version__
-
     v = _device.vendor()
     usable = v != "cpu" and _device.has_code()
     info = {
