@@ -48,7 +48,7 @@ def swap_all(tp: Transport, spec: Sequence, deadline: Deadline, dtype: torch.dty
     """Every rank's message of len(spec) values (this rank's is spec)."""
     if tp.world == 1:
         return [list(spec)]
-    mine = torch.tensor(spec, dtype=dtype, device=tp.device)
+    mine = torch.tensor(spec, dtype=dtype, device=tp.ctrl_device)
     peers = [j for j in range(tp.world) if j != tp.rank]
     got = {j: torch.empty_like(mine) for j in peers}
     tp.wait(tp.post([(SEND, mine, j) for j in peers] + [(RECV, got[j], j) for j in peers]), deadline)
@@ -161,7 +161,7 @@ def check_pairs(tp: Transport, pairs: Dict[int, str], sends: dict, recvs: dict, 
         first_r = _specs(rs[:1])[0] if rs else (0, 0)
         msgs[p] = [CHECK_PROTO, WIRE_VERSION, PLAN_IDS[pl], len(ss), len(rs), _digest(ss), _digest(rs),
                    *first_s, *first_r, 0]
-    out = {p: torch.tensor(m, dtype=torch.int64, device=tp.device) for p, m in msgs.items()}
+    out = {p: torch.tensor(m, dtype=torch.int64, device=tp.ctrl_device) for p, m in msgs.items()}
     got = {p: torch.empty_like(t) for p, t in out.items()}
     tp.wait(tp.post([(SEND, t, p) for p, t in out.items()] + [(RECV, t, p) for p, t in got.items()]), deadline)
     problems = []
@@ -204,7 +204,7 @@ def _swap_control(tp: Transport, peers: List[int], mine: Dict[int, tuple], deadl
     """A fixed first message with the counts and the first spec each way,
     then the rest where a pair agreed on counts above one. Returns the peers'
     (first message, send specs, receive specs)."""
-    dev = tp.device
+    dev = tp.ctrl_device
 
     def first(ss, rs):
         return [PROTO, WIRE_VERSION, len(ss), len(rs), *(ss[0] if ss else [0] * 4), *(rs[0] if rs else [0] * 2), 0, 0]

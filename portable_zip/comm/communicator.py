@@ -290,8 +290,8 @@ class Communicator:
         if out.dtype != inp.dtype or out.numel() != self.world * inp.numel():
             raise ValueError(f"all_gather output must be {inp.dtype} with world_size * input numel = "
                              f"{self.world * inp.numel()} elements, got {out.dtype} with {out.numel()}")
-        own = out.reshape(-1)[self.rank * inp.numel():(self.rank + 1) * inp.numel()]
-        if _overlap(out, inp) and not (inp.data_ptr() == own.data_ptr() or inp.numel() == 0):
+        own = out.data_ptr() + self.rank * inp.nbytes  # where this rank's slot of out starts
+        if _overlap(out, inp) and not (inp.data_ptr() == own or inp.numel() == 0):
             inp = inp.clone()  # overlapping out anywhere but its own slot: receives would overwrite it
 
         def start():

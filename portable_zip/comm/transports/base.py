@@ -53,6 +53,13 @@ class Transport(abc.ABC):
     costs: TransportCosts = TransportCosts()
     local: Optional["Transport"] = None
 
+    @property
+    def ctrl_device(self) -> torch.device:
+        """Where the agreement rule's small messages live: the data's device,
+        unless the transport moves host memory itself (then no copy to the
+        GPU to send one, and no wait on the GPU's queue to read one)."""
+        return self.device
+
     @abc.abstractmethod
     def global_rank(self, r: int) -> int:
         """The global rank of group rank r."""

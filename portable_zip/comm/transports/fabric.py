@@ -19,6 +19,7 @@ from ..errors import MismatchError, PeerError, PeerTimeout
 from ..groups import swap_through_store
 from .base import RECV, RECV_SIZED, SEND, SEND_SIZED, Op, Transport, TransportCosts, as_bytes
 
+_HOST = torch.device("cpu")
 _KIND = {SEND: 0, RECV: 1, SEND_SIZED: 2, RECV_SIZED: 3}  # the engine's op codes
 # Control (or spec) then one round per wave. Host time per exchange: a
 # compressed 4 MiB send over tcp;ofi_rxm between two H200 ranks took 0.9 ms
@@ -64,6 +65,10 @@ class FabricTransport(Transport):
         self._global = [dist.get_global_rank(group, r) if group is not dist.group.WORLD else r
                         for r in range(self.world)]
         self._cuda = device.type == "cuda"
+
+    @property
+    def ctrl_device(self) -> torch.device:
+        return _HOST  # the engine moves host memory on every rank, GPU ranks included
 
     def global_rank(self, r: int) -> int:
         return self._global[r]
