@@ -17,20 +17,20 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import datetime
 import json
 import os
-import platform
 import pstats
 import socket
 import statistics
-import subprocess
 import sys
 import time
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/pzbench, under python -P too
+from pzbench.common import machine_info  # noqa: E402
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -55,12 +55,14 @@ def _profile(fn, n: int) -> dict:
         fn()
     prof.disable()
     st = pstats.Stats(prof)
-    ex = [k for k in st.stats if k[2] == "exchange" and k[0].endswith("pipeline.py")]
+    # The exchange: pipeline.exchange (4d84e45: wire.exchange, or wire.exchange_sized over the fabric).
+    ex = [k for k in st.stats if (k[2], os.path.basename(k[0])) in
+          (("exchange", "pipeline.py"), ("exchange", "wire.py"), ("exchange_sized", "wire.py"))]
     total = sum(st.stats[k][3] for k in ex)
     # Blocking callees anywhere below exchange: transports' wait and the device syncs.
     blocking = 0.0
     for (path, _l, name), (_cc, _nc, _tt, ct, _c) in st.stats.items():
-        if (name == "wait" and "transports" in path) or name in (
+        if (name == "wait" and os.path.basename(path) in ("torch.py", "fabric.py", "transport.py")) or name in (
                 "<method 'item' of 'torch._C.TensorBase' objects>", "<method 'cpu' of 'torch._C.TensorBase' objects>",
                 "<method 'synchronize' of 'torch._C._CudaEventBase' objects>"):
             blocking += ct
@@ -150,19 +152,7 @@ def main() -> None:
     res = dict(q.get(timeout=900) for _ in procs)
     for p in procs:
         p.join(60)
-    import portable_zip as pz
-
-    info = pz.backend_info()
-    rec = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "command": " ".join([sys.executable.split("/")[-1], "-P"] + sys.argv),
-           "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                    text=True).stdout.strip(),
-           "machine": platform.node(), "cpu": platform.processor() or platform.machine(),
-           "cores": os.cpu_count(), "torch": torch.__version__, "backend": info["backend"],
-           "device": info.get("device"), "ranks": {str(r): v for r, v in sorted(res.items())}}
-    if a.device == "cuda":
-        rec["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                       capture_output=True, text=True).stdout.strip()
+    rec = {**machine_info(), "ranks": {str(r): v for r, v in sorted(res.items())}}
     print(json.dumps(rec, indent=1))
     if a.out:
         with open(a.out, "w") as f:

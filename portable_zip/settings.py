@@ -37,7 +37,7 @@ def _flag(env: Mapping[str, str], name: str) -> bool:
 
 @dataclass(frozen=True)
 class Settings:
-    timeout: float = 300.0           # PZ_TIMEOUT: seconds before a silent peer raises PeerTimeout
+    timeout: Optional[str] = None    # PZ_TIMEOUT: an op's deadline in seconds (the Communicator parses it, as timeout=)
     check_plans: bool = False        # PZ_CHECK_PLANS=1: swap a hash of every op's plan and specs
     sync_native: bool = False        # PZ_SYNC_NATIVE=1: native NCCL plans wait on the host, bounded by timeout
     trace: bool = False              # PZ_TRACE=1: print each exchange's host timeline to stderr
@@ -48,18 +48,20 @@ class Settings:
     link_latency_us: Optional[float] = None  # PZ_LINK_LATENCY_US
     codec_gbps: Optional[float] = None       # PZ_CODEC_GBPS
     policy_margin: Optional[float] = None    # PZ_POLICY_MARGIN (default 0.05)
+    # The fabric's, as given: parsed by fabric() when a fabric is made, so a
+    # bad value never breaks a Communicator that does not use it.
     fabric_provider: str = ""        # PZ_FABRIC_PROVIDER: force one ("tcp;ofi_rxm", "efa", "shm", ...)
-    fabric_rails: int = 2            # PZ_FABRIC_RAILS: endpoints per peer
-    fabric_chunk: int = 2 << 20      # PZ_FABRIC_CHUNK: bytes per chunk and staging slot
-    fabric_depth: int = 0            # PZ_FABRIC_DEPTH: chunks in flight per peer and direction (0: max(4, 2 x rails))
+    fabric_rails: str = ""           # PZ_FABRIC_RAILS: endpoints per peer (2)
+    fabric_chunk: str = ""           # PZ_FABRIC_CHUNK: bytes per chunk and staging slot (2 MiB)
+    fabric_depth: str = ""           # PZ_FABRIC_DEPTH: chunks in flight per peer and direction (max(4, 2 x rails))
     fabric_stage: bool = False       # PZ_FABRIC_STAGE=1: stage host memory too
-    fabric_spin: int = 2000          # PZ_FABRIC_SPIN: idle polls before the progress thread sleeps
+    fabric_spin: str = ""            # PZ_FABRIC_SPIN: idle polls before the progress thread sleeps (2000)
 
     @classmethod
     def from_env(cls, env: Optional[Mapping[str, str]] = None) -> "Settings":
         env = os.environ if env is None else env
         s = cls(
-            timeout=_float(env, "PZ_TIMEOUT") if env.get("PZ_TIMEOUT") else cls.timeout,  # the Communicator checks it
+            timeout=env.get("PZ_TIMEOUT") or None,
             check_plans=_flag(env, "PZ_CHECK_PLANS"),
             sync_native=env.get("PZ_SYNC_NATIVE", "0") == "1",
             trace=_flag(env, "PZ_TRACE"),
@@ -71,11 +73,11 @@ class Settings:
             codec_gbps=_float(env, "PZ_CODEC_GBPS"),
             policy_margin=_float(env, "PZ_POLICY_MARGIN"),
             fabric_provider=env.get("PZ_FABRIC_PROVIDER", ""),
-            fabric_rails=_int(env, "PZ_FABRIC_RAILS", 2),
-            fabric_chunk=_int(env, "PZ_FABRIC_CHUNK", 2 << 20),
-            fabric_depth=_int(env, "PZ_FABRIC_DEPTH", 0),
+            fabric_rails=env.get("PZ_FABRIC_RAILS", ""),
+            fabric_chunk=env.get("PZ_FABRIC_CHUNK", ""),
+            fabric_depth=env.get("PZ_FABRIC_DEPTH", ""),
             fabric_stage=env.get("PZ_FABRIC_STAGE") == "1",
-            fabric_spin=_int(env, "PZ_FABRIC_SPIN", 2000),
+            fabric_spin=env.get("PZ_FABRIC_SPIN", ""),
         )
         if s.piece_bytes < 0 or s.wave_bytes < 1:
             raise ValueError(f"PZ_PIECE_BYTES must be >= 0 and PZ_WAVE_BYTES >= 1, got {s.piece_bytes}, "
@@ -83,6 +85,14 @@ class Settings:
         if s.max_sms is not None and s.max_sms < 1:
             raise ValueError(f"PZ_MAX_SMS must be >= 1, got {s.max_sms}")
         return s
+
+    def fabric(self) -> tuple:
+        """(provider, rails, chunk, depth, stage, spin) for the engine; ValueError names a bad variable."""
+        env = {"PZ_FABRIC_RAILS": self.fabric_rails, "PZ_FABRIC_CHUNK": self.fabric_chunk,
+               "PZ_FABRIC_DEPTH": self.fabric_depth, "PZ_FABRIC_SPIN": self.fabric_spin}
+        rails = _int(env, "PZ_FABRIC_RAILS", 2)
+        return (self.fabric_provider, rails, _int(env, "PZ_FABRIC_CHUNK", 2 << 20),
+                _int(env, "PZ_FABRIC_DEPTH", max(4, 2 * rails)), self.fabric_stage, _int(env, "PZ_FABRIC_SPIN", 2000))
 
 
 # field -> its variable (docs/SETTINGS.md lists each; a test checks).

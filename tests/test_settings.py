@@ -20,13 +20,21 @@ def test_defaults_and_values_from_the_given_environment():
     s = settings.Settings.from_env({"PZ_TIMEOUT": "7.5", "PZ_CHECK_PLANS": "1", "PZ_WAVE_BYTES": "65536",
                                     "PZ_PIECE_BYTES": "4096", "PZ_MAX_SMS": "3", "PZ_FABRIC_RAILS": "4",
                                     "PZ_LINK_GBPS": "0.5", "PZ_FABRIC_STAGE": "1", "PZ_TRACE": "0"})
-    assert (s.timeout, s.check_plans, s.wave_bytes, s.piece_bytes, s.max_sms, s.fabric_rails, s.link_gbps,
-            s.fabric_stage, s.trace) == (7.5, True, 65536, 4096, 3, 4, 0.5, True, False)
+    assert (s.timeout, s.check_plans, s.wave_bytes, s.piece_bytes, s.max_sms, s.link_gbps, s.fabric_stage,
+            s.trace) == ("7.5", True, 65536, 4096, 3, 0.5, True, False)
+    assert s.fabric() == ("", 4, 2 << 20, 8, True, 2000)  # depth follows the rails: max(4, 2 x rails)
+    assert settings.Settings.from_env({"PZ_FABRIC_DEPTH": "3"}).fabric()[3] == 3
 
 
 @pytest.mark.parametrize("name, value", [("PZ_WAVE_BYTES", "big"), ("PZ_WAVE_BYTES", "0"), ("PZ_MAX_SMS", "-1"),
-                                         ("PZ_PIECE_BYTES", "-5"), ("PZ_LINK_GBPS", "fast"),
-                                         ("PZ_FABRIC_RAILS", "two")])
+                                         ("PZ_PIECE_BYTES", "-5"), ("PZ_LINK_GBPS", "fast")])
 def test_bad_values_name_the_variable(name, value):
     with pytest.raises(ValueError, match=name):
         settings.Settings.from_env({name: value})
+
+
+@pytest.mark.parametrize("name", ["PZ_FABRIC_RAILS", "PZ_FABRIC_CHUNK", "PZ_FABRIC_DEPTH", "PZ_FABRIC_SPIN"])
+def test_bad_fabric_values_raise_only_where_a_fabric_is_made(name):
+    s = settings.Settings.from_env({name: "two"})  # a Communicator without the fabric never parses them
+    with pytest.raises(ValueError, match=name):
+        s.fabric()

@@ -72,21 +72,23 @@ def _screen(rows: list, rank: int, where: str) -> None:
 
 # --- the constructor --------------------------------------------------------
 
-def handshake(tp: Transport, mode: str, want_check: bool, cached: int, piece_override: int,
+def handshake(tp: Transport, mode: str, want_check: bool, cached: int, piece_override: int, wave_bytes: int,
               deadline: Deadline) -> tuple:
     """Agree at construction on everything later plans read besides the op's
     own arguments: compress mode, wire/format version, the PZ_CHECK_PLANS
-    mode, PZ_PIECE_BYTES, and whether every rank holds the same cached
-    calibration. Returns (check plans, reuse the cache)."""
-    spec = [SPEC_PROTO, WIRE_VERSION, -1, MODES.index(mode), int(want_check), cached, piece_override]
+    mode, PZ_PIECE_BYTES and PZ_WAVE_BYTES (both ends cut the same waves),
+    and whether every rank holds the same cached calibration. Returns
+    (check plans, reuse the cache)."""
+    spec = [SPEC_PROTO, WIRE_VERSION, -1, MODES.index(mode), int(want_check), cached, piece_override, wave_bytes]
     rows = swap_all(tp, spec + [0] * (CTRL_WORDS - len(spec)), deadline)
     _screen(rows, tp.rank, "the constructor")
     if any(row[3] != rows[0][3] for row in rows):
         modes = ", ".join(f"rank {j} {MODES[row[3]] if 0 <= row[3] < 3 else row[3]!r}" for j, row in enumerate(rows))
         raise MismatchError(f"compress= differs between ranks: {modes}; every rank must use the same mode")
-    if any(row[6] != rows[0][6] for row in rows):
-        raise MismatchError("PZ_PIECE_BYTES differs between ranks: " +
-                            ", ".join(f"rank {j} {row[6] or 'unset'}" for j, row in enumerate(rows)))
+    for k, name in ((6, "PZ_PIECE_BYTES"), (7, "PZ_WAVE_BYTES")):
+        if any(row[k] != rows[0][k] for row in rows):
+            raise MismatchError(f"{name} differs between ranks: " +
+                                ", ".join(f"rank {j} {row[k] or 'unset'}" for j, row in enumerate(rows)))
     return any(row[4] for row in rows), rows[0][5] != 0 and all(row[5] == rows[0][5] for row in rows)
 
 

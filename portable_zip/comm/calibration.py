@@ -25,20 +25,20 @@ _CACHE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 NATIVE_MEASURED = ("send", "all_gather", "all_reduce")
 
 
-def _key(policy: Policy, tp: Transport) -> tuple:
+def _key(policy: Policy, tp: Transport, max_sms: int) -> tuple:
     return (tp.name, tp.world, str(tp.device.type), policy.link_gbps, policy.latency_us, policy.codec_gbps,
-            policy.margin)
+            policy.margin, max_sms)
 
 
-def cached_digest(policy: Policy, tp: Transport, group) -> int:
+def cached_digest(policy: Policy, tp: Transport, group, max_sms: int) -> int:
     """A hash of this rank's cached calibration for the group (0: none),
     so the constructor reuses a cache only where every rank holds the same one."""
-    hit = _CACHE.get(group, {}).get(_key(policy, tp))
+    hit = _CACHE.get(group, {}).get(_key(policy, tp, max_sms))
     return 0 if hit is None else (zlib.crc32(repr(hit).encode()) | 1)
 
 
 def calibrate(policy: Policy, tp: Transport, group, timeout: float, cache_group, cached: bool,
-              swap: Callable[[List[float]], list], torch_native: bool, all_gpu: bool) -> Calibration:
+              swap: Callable[[List[float]], list], torch_native: bool, all_gpu: bool, max_sms: int) -> Calibration:
     """Measure (or, where every rank has it cached, reuse) the constants, and
     agree on them: each rank's policy ends with the same figures and margin.
     Collective: every rank calls it with the same `cached` (the constructor's
@@ -47,8 +47,9 @@ def calibrate(policy: Policy, tp: Transport, group, timeout: float, cache_group,
     each Communicator measures over its own private copy of it).
     swap(values): every rank's list of floats, over the Communicator's
     transport. torch_native: the group has torch collectives to measure.
-    all_gpu: every rank moves GPU tensors."""
-    key = _key(policy, tp)
+    all_gpu: every rank moves GPU tensors. max_sms: the SM budget the codec
+    will run under (0: all), so it is measured as it will run."""
+    key = _key(policy, tp, max_sms)
     if cached:
         policy.cal, policy.margin = _CACHE[cache_group][key]
         return policy.cal
@@ -71,7 +72,7 @@ def calibrate(policy: Policy, tp: Transport, group, timeout: float, cache_group,
         if policy.codec_gbps:
             comp[dt] = decomp[dt] = 1e-9 / policy.codec_gbps
         else:
-            comp[dt], decomp[dt] = measure_codec(dt, tp.device)
+            comp[dt], decomp[dt] = measure_codec(dt, tp.device, max_sms)
     # Agree on the slowest rank's figures so every rank decides alike.
     vec = ([alpha, beta] + [comp[d] for d in CODED] + [decomp[d] for d in CODED]
            + [v for op in NATIVE_MEASURED for v in native[op]] + [policy.margin])
@@ -130,23 +131,24 @@ def measure_native(op: str, tp: Transport, group, deadline: Deadline):
     return _alpha_beta(collective, small, big, tp.device)
 
 
-def measure_codec(dtype: torch.dtype, device: torch.device):
+def measure_codec(dtype: torch.dtype, device: torch.device, max_sms: int = 0):
     # One pipeline piece's worth on GPU: the cost a transfer pays per piece.
     nbytes = (64 << 20) if device.type == "cuda" else (1 << 20)
     n = nbytes // torch.empty(0, dtype=dtype).element_size()
     g = torch.Generator(device="cpu").manual_seed(0)
     t = (torch.randn(n, generator=g) * 0.02).to(dtype).to(device)
-    buf = codec._compress_padded(t)  # warm-up (and module load on GPU)
+    sms = max_sms or None  # decompress's spelling of "every SM" (this thread's budget is already in max_sms)
+    buf = codec._compress_padded(t, max_sms=max_sms)  # warm-up (and module load on GPU)
     out = torch.empty_like(t)
-    codec.decompress(buf, out=out, check=True)
+    codec.decompress(buf, out=out, check=True, max_sms=sms)
     best_c = best_d = float("inf")
     for _ in range(2):
         _sync(device)
         t0 = time.perf_counter()
-        buf = codec._compress_padded(t)
+        buf = codec._compress_padded(t, max_sms=max_sms)
         _sync(device)
         t1 = time.perf_counter()
-        codec.decompress(buf, out=out, check=True)
+        codec.decompress(buf, out=out, check=True, max_sms=sms)
         _sync(device)
         t2 = time.perf_counter()
         best_c, best_d = min(best_c, t1 - t0), min(best_d, t2 - t1)

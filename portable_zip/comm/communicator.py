@@ -22,6 +22,7 @@ from . import agree, calibration, native
 from . import collectives as coll
 from .collectives import ReduceOp
 from .deadline import Deadline
+from .errors import PeerError
 from .pieces import Call, Plan, Result
 from .pipeline import exchange
 from .plans import Plans
@@ -109,13 +110,14 @@ class Communicator:
         self._closed = False
         self._check_plans = False
         self.tp.connect(Deadline(self.timeout))  # collective: every rank constructs its Communicator
-        cached = calibration.cached_digest(self.policy, self.tp, self.parent_group) if compress == "auto" else 0
+        cached = calibration.cached_digest(self.policy, self.tp, self.parent_group, self._budget()) \
+            if compress == "auto" else 0
         self._check_plans, reuse = agree.handshake(self.tp, compress, s.check_plans, cached, s.piece_bytes,
-                                                   Deadline(self.timeout))
+                                                   s.wave_bytes, Deadline(self.timeout))
         if compress == "auto":
             calibration.calibrate(self.policy, self.tp, self.group, self.timeout, self.parent_group, reuse,
                                   swap=lambda v: agree.swap_all(self.tp, v, Deadline(self.timeout), torch.float64),
-                                  torch_native=self._native, all_gpu=lay.all_gpu)
+                                  torch_native=self._native, all_gpu=lay.all_gpu, max_sms=self._budget())
 
     # --- plumbing -------------------------------------------------------------
     @property
@@ -125,7 +127,8 @@ class Communicator:
     def _budget(self) -> int:
         """The SM budget of a call's codec launches (0: all): max_sms, capped
         by the pz.sm_budget in force on the calling thread. Taken where the op
-        is called and carried to the worker, where no budget is set."""
+        is called (isend/irecv: posted) and carried to the worker, where no
+        budget is set."""
         b, m = codec._max_sms(None), self.max_sms or 0
         return min(b, m) if b and m else b or m
 
@@ -235,12 +238,15 @@ class Communicator:
 
     def _run_native(self, op: str, start, sent: int) -> None:
         """The fast path of _native_now: torch's op, waited for as torch's
-        own blocking call waits (errors as PeerError / PeerTimeout)."""
+        own blocking call waits; what the wait raises becomes PeerError /
+        PeerTimeout (what start() raises, argument errors included, passes as it is)."""
         t0 = time.perf_counter()
+        works = start()
         try:
-            works = start()
             for w in works if isinstance(works, list) else (works,):
                 w.wait() if self._stream_native else w.wait(self._group_timeout)
+        except PeerError:
+            raise
         except RuntimeError as e:
             raise failed(self.tp.name, e, self.timeout) from e
         self._record(op, "native", t0, sent, sent)
@@ -452,7 +458,7 @@ class Communicator:
 
     def _post_p2p(self, kind, t, peer) -> Work:
         fut = concurrent.futures.Future()
-        self._pending.append((kind, t, peer, fut))
+        self._pending.append((kind, t, peer, fut, self._budget()))  # the budget where the op is posted
         return Work(fut, self._flush)
 
     def _flush(self, inline: bool = False) -> None:
@@ -462,8 +468,11 @@ class Communicator:
         if not pending:
             return
         sends, recvs = {}, {}
-        for kind, t, peer, _ in pending:
+        for kind, t, peer, *_ in pending:
             (sends if kind == "send" else recvs).setdefault(peer, []).append(t)
+        # The group's launches serve every op in it: the tightest budget any was posted under.
+        budgets = [b for *_, b in pending if b]
+        sms = min(budgets) if budgets else 0
         n_send = sum(len(v) for v in sends.values())
 
         def run(sms):
@@ -492,13 +501,12 @@ class Communicator:
                 if recvs:
                     self._record("recv", plan, t0, 0, 0, calls=len(pending) - n_send)
             except BaseException as e:  # noqa: BLE001 - every op of the group fails alike
-                for *_, fut in pending:
+                for *_, fut, _b in pending:
                     fut.set_exception(e)
                 raise
-            for *_, fut in pending:
+            for *_, fut, _b in pending:
                 fut.set_result(None)
 
-        sms = self._budget()
         if inline:
             self._worker.drain()
             run(sms)

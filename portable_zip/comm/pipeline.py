@@ -90,7 +90,9 @@ class _Trace:
 class _Exchange:
     def __init__(self, tp: Transport, call: Call):
         self.tp, self.call = tp, call
-        # compress_batch's spelling of "every SM" is None; Call.max_sms already holds the caller's sm_budget.
+        # For compress_batch, which takes None (not 0) for "no cap of mine": it
+        # then reads this thread's sm_budget, already folded into Call.max_sms
+        # on the thread that called the op, and unset on the worker.
         self.max_sms = call.max_sms or None
         self.trace = _Trace(call.settings.trace)
         self.res = Result()
@@ -262,7 +264,8 @@ class _Exchange:
         copy); a header that is unreadable or disagrees with the control message raises."""
         if not us:
             return us
-        heads = torch.cat([u.buf[: u.lay["raw_begin"]] for u in us]).cpu().numpy().tobytes()
+        regions = [u.buf[: u.lay["raw_begin"]] for u in us]
+        heads = (regions[0] if len(regions) == 1 else torch.cat(regions)).cpu().numpy().tobytes()
         at = 0
         for u in us:
             head = heads[at: at + u.lay["raw_begin"]]

@@ -33,8 +33,8 @@ class Layout:
 
 
 def timeout_of(timeout, settings: Settings) -> float:
-    if timeout is None:
-        timeout = settings.timeout
+    if timeout is None:  # PZ_TIMEOUT, read as the argument would be
+        timeout = 300.0 if settings.timeout is None else settings.timeout
     try:
         out = float(timeout)
     except (TypeError, ValueError):

@@ -51,12 +51,11 @@ class FabricTransport(Transport):
             os.environ.setdefault("FI_HMEM", "system")  # a CPU rank: libfabric leaves CUDA/ROCr alone
         else:
             _device.require()  # the engine's staging copies use the vendor runtime
-        s = settings
+        provider, rails, chunk, depth, stage, spin = settings.fabric()
         try:
-            self.engine = _C.FabricEngine(s.fabric_provider, s.fabric_rails, s.fabric_chunk,
-                                          s.fabric_depth or max(4, 2 * s.fabric_rails), s.fabric_stage,
+            self.engine = _C.FabricEngine(provider, rails, chunk, depth, stage,
                                           device.index if device.type == "cuda" else -1, self.rank, self.world,
-                                          same_host, s.fabric_spin)
+                                          same_host, spin)
         except RuntimeError as e:
             raise RuntimeError(f"transport='fabric': {e}") from None
         self.info = self.engine.info()

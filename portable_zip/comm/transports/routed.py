@@ -17,8 +17,7 @@ class RoutedTransport(Transport):
     def __init__(self, local: Optional[TorchDistTransport], members: List[int], fabric: FabricTransport):
         self.local, self.fabric = local, fabric
         self.rank, self.world, self.device = fabric.rank, fabric.world, fabric.device
-        self.members = members  # group ranks of this rank's domain; index = local rank
-        self._local_of = {r: i for i, r in enumerate(members)}
+        self._local_of = {r: i for i, r in enumerate(members)}  # group rank -> rank in the domain's group
         self.name = f"{local.name if local else 'alone'} + {fabric.name}"
 
     def global_rank(self, r: int) -> int:
