@@ -3,9 +3,11 @@
 // name (kernel_names.h), so this file serves CUDA and HIP alike.
 #include <atomic>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "device_api.h"
@@ -113,19 +115,46 @@ static uint64_t tickets_of(const fmt::Header& h) {
   return (fmt::layout_of(h).nblocks + gpu::kGroupsPerCta - 1) / gpu::kGroupsPerCta;
 }
 
+// A batch's job table and ticket ends in one host buffer, laid out exactly as
+// the kernels read them on the device (the ends at byte ends_at), so one
+// pageable copy stages both: a driver call per launch instead of two. The
+// driver stages a pageable source before the copy call returns, so the buffer
+// may go when the launcher does.
+template <class Job>
+struct HostTable {
+  static_assert(std::is_trivially_copyable<Job>::value && alignof(Job) <= alignof(uint64_t) &&
+                    sizeof(Job) % sizeof(uint64_t) == 0, "copied as bytes, the ends 8-byte aligned after them");
+  std::vector<uint64_t> words;  // zeroed: padding bytes are copied too
+  Job* jobs;
+  uint64_t* ends;
+  uint64_t bytes;
+  HostTable(int n, uint64_t ends_at) : words((ends_at + 8ull * n + 7) / 8), bytes(ends_at + 8ull * n) {
+    jobs = reinterpret_cast<Job*>(words.data());
+    std::uninitialized_value_construct_n(jobs, n);
+    ends = words.data() + ends_at / 8;
+  }
+  int copy_to(void* table, void* stream) const { return dev::memcpy_async(table, words.data(), bytes, stream); }
+};
+
 // Spill slots for a launch of `tickets` CTA tickets: one CTA per ticket at
 // most, never more than kSpillCtas, nor more than are resident at once on
 // the device (the aligned kernel's persistent grid on every SM; the launch
 // caps its grid to this). *ctas = 0 for the fixed code, which never spills.
+// aligned: the aligned kernel, ready (a launcher that has it asks no cache).
+static uint64_t spill_slots(const fmt::Header& h0, const Ready& aligned, uint64_t tickets) {
+  if (h0.codec != fmt::Codec::Rans) return 0;
+  uint64_t cap = static_cast<uint64_t>(aligned.sms) * aligned.ctas_per_sm();
+  if (cap > gpu::kSpillCtas) cap = gpu::kSpillCtas;
+  return tickets < cap ? tickets : cap;
+}
+
 static int spill_ctas(const fmt::Header& h0, int n, uint64_t tickets, int device, uint64_t* ctas) {
   *ctas = 0;
   if (h0.codec != fmt::Codec::Rans) return kOk;
   Ready r;
   const uint64_t smem = gpu::kGroupsPerCta * gpu::compress_smem_per_group(gpu::compress_states(h0.lanes, true, n > 1));
   if (const int rc = ready(device, gpu::compress_name(h0.dtype, true, h0.codec, n > 1, h0.lanes), smem, &r)) return rc;
-  uint64_t cap = static_cast<uint64_t>(r.sms) * r.ctas_per_sm();
-  if (cap > gpu::kSpillCtas) cap = gpu::kSpillCtas;
-  *ctas = tickets < cap ? tickets : cap;
+  *ctas = spill_slots(h0, r, tickets);
   return kOk;
 }
 
@@ -203,33 +232,32 @@ int gpu_compress_batch(const uint8_t* const* ins, const fmt::Header* hs, uint8_t
   if (const int rc = ready(device, gpu::compress_name(hs[0].dtype, aligned, hs[0].codec, n > 1, hs[0].lanes), smem, &r))
     return rc;
   uint8_t* ws = static_cast<uint8_t*>(workspace);
-  std::vector<gpu::CompressParams> jobs(n);
-  std::vector<uint64_t> ends(n);
+  HostTable<gpu::CompressParams> t(n, n * sizeof(gpu::CompressParams));  // the ends right after the jobs
   uint64_t tickets = 0;
   for (int j = 0; j < n; ++j) {
-    gpu::CompressParams& p = jobs[j];
+    gpu::CompressParams& p = t.jobs[j];
     p.in = ins[j];
     p.out = outs[j];
     p.status = reinterpret_cast<uint64_t*>(ws + 16) + tickets;
     p.h = hs[j];
     fmt::write_header(hs[j], p.header);
-    ends[j] = tickets += tickets_of(hs[j]);
+    t.ends[j] = tickets += tickets_of(hs[j]);
   }
   int e = dev::memset_async(ws, 0, 16 + 8 * tickets, stream);
   if (e) return fail(e, "clearing the compress workspace");
   gpu::CompressLaunch launch{};
-  launch.one = jobs[0];
+  launch.one = t.jobs[0];
   launch.njobs = static_cast<uint32_t>(n);
   launch.ticket = reinterpret_cast<uint32_t*>(ws);
-  uint64_t slots;
-  if (const int rc = spill_ctas(hs[0], n, tickets, device, &slots)) return rc;
+  // The spill slots follow the aligned kernel: r when this launch runs it.
+  uint64_t slots = aligned ? spill_slots(hs[0], r, tickets) : 0;
+  if (!aligned)
+    if (const int rc = spill_ctas(hs[0], n, tickets, device, &slots)) return rc;
   const CompressWorkspace w = compress_workspace(tickets, n, slots);
   launch.spill = slots ? ws + w.spill : nullptr;
-  if (n > 1) {  // pageable source: the copy is staged before the call returns
+  if (n > 1) {
     uint8_t* table = ws + w.table;
-    e = dev::memcpy_async(table, jobs.data(), n * sizeof(gpu::CompressParams), stream);
-    if (!e) e = dev::memcpy_async(table + n * sizeof(gpu::CompressParams), ends.data(), 8ull * n, stream);
-    if (e) return fail(e, "copying the batch table");
+    if ((e = t.copy_to(table, stream))) return fail(e, "copying the batch table");
     launch.jobs = reinterpret_cast<const gpu::CompressParams*>(table);
     launch.ticket_end = reinterpret_cast<const uint64_t*>(table + n * sizeof(gpu::CompressParams));
   }
@@ -316,8 +344,9 @@ int gpu_decode_batch(const uint8_t* const* ins, const uint64_t* in_lens, uint8_t
                      const fmt::Header* expects, int n, void* workspace, void* stream, int device, int max_sms) {
   if (n < 1) return kOk;
   const fmt::DType kernel_dtype = gpu::dtype_token(expects[0].dtype) ? expects[0].dtype : fmt::DType::Invalid;
-  std::vector<gpu::DeviceDecode> jobs(n);
-  std::vector<uint64_t> ends(n);
+  const uint64_t ends_at = fmt::align_up(n * sizeof(gpu::DeviceDecode), 16);
+  HostTable<gpu::DeviceDecode> t(n, ends_at);
+  gpu::DeviceDecode* const jobs = t.jobs;
   uint64_t tickets = 0;
   for (int j = 0; j < n; ++j) {
     const fmt::Header& e = expects[j];
@@ -337,7 +366,7 @@ int gpu_decode_batch(const uint8_t* const* ins, const uint64_t* in_lens, uint8_t
     d.work = e.codec == fmt::Codec::Raw ? gpu::raw_chunks(l) : narrow_blocks(e);
     d.fast_total = n == 1 && e.codec == fmt::Codec::Rans ? static_cast<uint64_t*>(workspace) : nullptr;
     d.expect = e;
-    ends[j] = tickets += d.work > 0 ? (d.work + gpu::kGroupsPerCta - 1) / gpu::kGroupsPerCta : 1;
+    t.ends[j] = tickets += d.work > 0 ? (d.work + gpu::kGroupsPerCta - 1) / gpu::kGroupsPerCta : 1;
   }
   const bool coded = kernel_dtype != fmt::DType::Invalid;
   const uint64_t smem = coded ? gpu::kGroupsPerCta * gpu::kDecompressSmemPerGroup : 0;
@@ -347,12 +376,9 @@ int gpu_decode_batch(const uint8_t* const* ins, const uint64_t* in_lens, uint8_t
   launch.one = jobs[0];
   launch.njobs = static_cast<uint32_t>(n);
   launch.tickets = tickets;
-  if (n > 1) {  // pageable source: the copy is staged before the call returns
+  if (n > 1) {
     uint8_t* table = static_cast<uint8_t*>(workspace);
-    const uint64_t ends_at = fmt::align_up(n * sizeof(gpu::DeviceDecode), 16);
-    int e = dev::memcpy_async(table, jobs.data(), n * sizeof(gpu::DeviceDecode), stream);
-    if (!e) e = dev::memcpy_async(table + ends_at, ends.data(), 8ull * n, stream);
-    if (e) return fail(e, "copying the decode table");
+    if (const int e = t.copy_to(table, stream)) return fail(e, "copying the decode table");
     launch.jobs = reinterpret_cast<const gpu::DeviceDecode*>(table);
     launch.ticket_end = reinterpret_cast<const uint64_t*>(table + ends_at);
   }
