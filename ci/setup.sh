@@ -47,7 +47,8 @@ pz_torch() {  # pz_torch PYTHON: torch 2.13.0 into PYTHON's environment unless i
   case $(pz_gpu) in
     none)  # PyPI's Linux torch is the CUDA build: ~20 NVIDIA packages a CPU machine does not use
       echo "ci: installing torch 2.13.0, the CPU build (no GPU here)" >&2
-      "$py" -m pip install -q torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu ;;
+      # --retries 0: where that index is unreachable (an offline runner with a local wheel), fail over at once.
+      "$py" -m pip install -q --retries 0 --timeout 15 torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu ;;
     nvidia)
       echo "ci: installing torch 2.13.0 (the CUDA build, from PyPI)" >&2
       "$py" -m pip install -q torch==2.13.0 ;;
