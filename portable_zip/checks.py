@@ -29,16 +29,17 @@ _slabs: dict = {}
 _pending: dict = {}
 
 
-def slots(device: torch.device, stream: int, n: int) -> tuple:
-    """n consecutive zeroed int32 error words on device for decodes about to
-    be queued on stream (the raw handle of device's current stream): (slab,
-    first slot k, address of slot k). Register them with register() once the
-    decodes are queued."""
-    key = (device.index, stream)
+def slots(index: int, stream: int, n: int) -> tuple:
+    """n consecutive zeroed int32 error words on GPU index for decodes about to
+    be queued on stream (the raw handle of that device's current stream):
+    (slab, first slot k, address of slot k). Register them with register()
+    once the decodes are queued."""
+    key = (index, stream)
     with _lock:
         s = _slabs.get(key)
         if s is None or s[1] + n > s[2]:
-            slab = torch.zeros(max(_SLOTS, n), dtype=torch.int32, device=device)  # on the current stream: stream
+            slab = torch.zeros(max(_SLOTS, n), dtype=torch.int32,  # on the current stream: stream
+                               device=torch.device("cuda", index))
             s = _slabs[key] = [slab, 0, slab.numel(), slab.data_ptr()]
         k = s[1]
         s[1] += n

@@ -49,6 +49,42 @@ def _check_tensor(t, what: str) -> None:
         raise ValueError(f"{what} is on device {t.device}; portable_zip handles cpu and cuda (CUDA or ROCm) tensors")
 
 
+def _plain_gpu(t) -> bool:
+    """Whether t passes _check_tensor and _check_out as a loaded GPU's tensor,
+    in one expression: callers run the full checks (and their messages, in
+    their order) only when it is False."""
+    return (isinstance(t, torch.Tensor) and t.is_cuda and _device._loaded is not None and t.is_contiguous()
+            and t.dim() <= MAX_DIMS and not t.is_conj() and not t.is_neg())
+
+
+def _plain_stream(b) -> bool:
+    """Whether b passes _header_args (callers run it when this is False)."""
+    return isinstance(b, torch.Tensor) and b.dtype is torch.uint8 and b.dim() == 1 and b.is_contiguous()
+
+
+# Per-tensor calls mapped over a batch at C speed (no Python frame per tensor).
+_T = torch.Tensor
+_DATA_PTR, _NUMEL, _DIM, _IS_CONTIGUOUS, _GET_DEVICE = _T.data_ptr, _T.numel, _T.dim, _T.is_contiguous, _T.get_device
+_NBYTES, _DTYPE, _SHAPE, _IS_CUDA = map(operator.attrgetter, ("nbytes", "dtype", "shape", "is_cuda"))
+
+
+def _plain_streams(bufs: list) -> bool:
+    """Whether every stream passes _header_args (the batch form of _plain_stream)."""
+    n = len(bufs)
+    return (all(map(isinstance, bufs, itertools.repeat(_T, n))) and all(map(_IS_CONTIGUOUS, bufs))
+            and set(map(_DIM, bufs)) <= {1} and set(map(_DTYPE, bufs)) <= {torch.uint8})
+
+
+def _plain_outs(bufs: list, outs: list) -> bool:
+    """Whether every output is a plain GPU tensor (_plain_gpu) on its stream's
+    device: each passes _check_outs' own checks, leaving the overlap test."""
+    n = len(outs)
+    return (_device._loaded is not None and all(map(isinstance, outs, itertools.repeat(_T, n)))
+            and all(map(_IS_CUDA, outs)) and all(map(_IS_CONTIGUOUS, outs))
+            and max(map(_DIM, outs), default=0) <= MAX_DIMS and not any(map(_T.is_conj, outs))
+            and not any(map(_T.is_neg, outs)) and list(map(_GET_DEVICE, outs)) == list(map(_GET_DEVICE, bufs)))
+
+
 def _resolved(t: torch.Tensor) -> torch.Tensor:
     """The tensor's values: a lazy conj or neg view (t.conj(), torch._neg_view)
     keeps the original bits in memory plus a flag, so raw-pointer code must
@@ -88,8 +124,8 @@ def _any_overlap(bufs: Sequence[torch.Tensor], outs: Sequence[Optional[torch.Ten
     overlaps an earlier one iff it starts before the furthest end so far (of
     any span, for an output; of an output's, for a stream)."""
     ts = [t for t in itertools.chain(bufs, outs) if t is not None]
-    sizes = [t.nbytes for t in ts]
-    starts = [t.data_ptr() for t in ts]
+    sizes = list(map(_NBYTES, ts))
+    starts = list(map(_DATA_PTR, ts))
     if 0 in sizes:  # empty tensors share no byte
         starts = [p for p, n in zip(starts, sizes) if n]
         sizes = [n for n in sizes if n]
@@ -163,9 +199,9 @@ class _Kept(threading.local):
 _kept = _Kept()
 
 
-def _workspace(device: torch.device, stream: int, nbytes: int) -> torch.Tensor:
-    """A uint8 buffer of at least nbytes on device for the copies and kernels
-    a call queues on stream (the raw handle of device's current stream).
+def _workspace(index: int, stream: int, nbytes: int) -> torch.Tensor:
+    """A uint8 buffer of at least nbytes on GPU index for the copies and kernels
+    a call queues on stream (the raw handle of that device's current stream).
     Small ones are kept per (thread, device, stream) and reused: a call's
     queued work uses its workspace only on that stream, so the next call's,
     queued behind it, cannot race it. Per thread, as nothing makes one call's
@@ -175,12 +211,13 @@ def _workspace(device: torch.device, stream: int, nbytes: int) -> torch.Tensor:
     Larger ones, and any under graph capture (which fixes the address a
     replay writes), are allocated per call, as before."""
     if nbytes > _WS_KEPT_MAX or _device.capturing():
-        return torch.empty(nbytes, dtype=torch.uint8, device=device)
+        return torch.empty(nbytes, dtype=torch.uint8, device=torch.device("cuda", index))
     kept = _kept.ws
-    key = (device.index, stream)
+    key = (index, stream)
     ws = kept.get(key)
     if ws is None or ws.numel() < nbytes:
-        ws = kept[key] = torch.empty(1 << max(12, (nbytes - 1).bit_length()), dtype=torch.uint8, device=device)
+        ws = kept[key] = torch.empty(1 << max(12, (nbytes - 1).bit_length()), dtype=torch.uint8,
+                                     device=torch.device("cuda", index))
     return ws
 
 
@@ -277,7 +314,7 @@ def _compress_padded(t: torch.Tensor, threads: Optional[int] = None, max_sms: in
     stream = _device.stream(dev)
     with _on(dev):
         # Raw-stored tensors go through a kernel too: it copies and computes the payload's checksums.
-        ws = _workspace(device, stream, _C.compress_workspace_bytes(code, numel, shape, codec, dev))
+        ws = _workspace(dev, stream, _C.compress_workspace_bytes(code, numel, shape, codec, dev))
         _C.compress_gpu(t.data_ptr(), code, numel, shape, out.data_ptr(), ws.data_ptr(), stream, max_sms, codec, dev)
     return out
 
@@ -368,11 +405,15 @@ def decompress(buf: torch.Tensor, *, out: Optional[torch.Tensor] = None, threads
     call returns. CPU decodes are always checked before they return."""
     sms = _max_sms(max_sms)
     if out is not None and isinstance(buf, torch.Tensor) and buf.is_cuda:
-        _header_args(buf)
-        _check_out(out)  # on a GPU, it loaded the GPU code (_device.require)
+        if not _plain_stream(buf):
+            _header_args(buf)
+        if not _plain_gpu(out):
+            _check_out(out)  # on a GPU, it loaded the GPU code (_device.require)
         if out.get_device() != buf.get_device():
             raise ValueError(f"out is on {out.device} but the stream is on {buf.device}")
-        if _overlap(out, buf):
+        # _overlap, for two tensors on one device
+        pb, nb, po, no = buf.data_ptr(), buf.numel(), out.data_ptr(), out.nbytes
+        if nb and no and pb < po + no and po < pb + nb:
             raise ValueError("out overlaps the stream's memory: decoding would overwrite the stream while reading it")
         _queue_decodes((buf,), (out,), check, sms)
         return out
@@ -431,39 +472,40 @@ def _queue_decodes(bufs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor], c
     check: wait and raise now; else each decode's error word is registered
     for the next check (checks.py). Errors name what, or "what stream i"
     for decode j when labels[j] = i."""
-    device = bufs[0].device
-    dev = device.index
+    dev = bufs[0].get_device()
     stream = _device.stream(dev)
     n = len(bufs)
     # The binding's per-decode lists. A loop appending to them costs twice what
-    # comprehensions do, and comprehensions twice what literals do for decompress's one.
+    # mapped calls do, and those more than literals do for decompress's one.
     if n == 1:
         (b,), (o,) = bufs, outs
         ins, lens, ptrs = [b.data_ptr()], [b.numel()], [o.data_ptr()]
         dtypes, numels, shapes = [o.dtype], [o.numel()], [o.shape]
+        aligned = not ins[0] % 16
     else:
-        ins, lens = [b.data_ptr() for b in bufs], [b.numel() for b in bufs]
-        ptrs, dtypes = [o.data_ptr() for o in outs], [o.dtype for o in outs]
-        numels, shapes = [o.numel() for o in outs], [o.shape for o in outs]
-    if functools.reduce(operator.or_, ins) % 16:  # the decoder reads 16-byte-aligned segments
+        ins, lens = list(map(_DATA_PTR, bufs)), list(map(_NUMEL, bufs))
+        ptrs, dtypes = list(map(_DATA_PTR, outs)), list(map(_DTYPE, outs))
+        numels, shapes = list(map(_NUMEL, outs)), list(map(_SHAPE, outs))
+        aligned = not functools.reduce(operator.or_, ins) % 16
+    if not aligned:  # the decoder reads 16-byte-aligned segments
         # The copies live until queued: then the caching allocator reuses their blocks only behind this work.
         bufs = [b.clone() if p % 16 else b for b, p in zip(bufs, ins)]
-        ins = [b.data_ptr() for b in bufs]
-    if dtypes.count(dtypes[0]) == n:  # one dtype: one launch (the common case, kept short)
+        ins = list(map(_DATA_PTR, bufs))
+    if n == 1 or dtypes.count(dtypes[0]) == n:  # one dtype: one launch (the common case, kept short)
         codes, groups = [code_of(dtypes[0])] * n, [range(n)]
     else:
         codes = [code_of(d) for d in dtypes]
         groups = list(_grouped([_KERNEL_KEYS[d] for d in dtypes]).values())  # one launch per decode kernel
     if check:
-        errs = torch.zeros(n, dtype=torch.int32, device=device)
+        errs = torch.zeros(n, dtype=torch.int32, device=bufs[0].device)
         words = list(range(errs.data_ptr(), errs.data_ptr() + 4 * n, 4))
     else:
-        slab, k0, w0 = checks.slots(device, stream, n)
+        slab, k0, w0 = checks.slots(dev, stream, n)
         words = list(range(w0, w0 + 4 * n, 4))
     jobs = (ins, lens, ptrs, words, codes, numels, shapes)
     with _on(dev):
         for idx in groups:
-            ws = _workspace(device, stream, _C.decode_batch_workspace_bytes(len(idx)))
+            ws = _workspace(dev, stream, _C.decode_batch_workspace_bytes(len(idx)))
             _C.decode_gpu_batch(*(jobs if len(idx) == n else [_pick(x, idx) for x in jobs]), ws.data_ptr(), stream,
                                 max_sms, dev)
             if not check:  # registered once queued: no check reads them before
@@ -525,8 +567,9 @@ def compress_batch(tensors: Sequence[torch.Tensor], *, trim: Optional[bool] = No
     sms, codec_id = _max_sms(max_sms), _codec_code(codec)
     tensors = list(tensors)
     for i, t in enumerate(tensors):
-        _check_tensor(t, f"tensors[{i}]")
-        tensors[i] = _resolved(t)
+        if not _plain_gpu(t):  # a plain GPU tensor needs no resolving
+            _check_tensor(t, f"tensors[{i}]")
+            tensors[i] = _resolved(t)
     # One launch per (device, dtype) for 16-byte-aligned coded GPU tensors (a coded dtype
     # with elements is what plan_header codes: _C.raw_header(...) is None); the rest one by one.
     keys = [(t.get_device(), t.dtype) if t.is_cuda and t.dtype in _CODED and t.numel() and not t.data_ptr() % 16
@@ -545,7 +588,7 @@ def compress_batch(tensors: Sequence[torch.Tensor], *, trim: Optional[bool] = No
         at = list(itertools.accumulate(caps, initial=flat.data_ptr()))
         stream = _device.stream(dev)
         with _on(dev):
-            ws = _workspace(device, stream, _C.compress_batch_workspace_bytes(code, numels, shapes, codec_id, dev))
+            ws = _workspace(dev, stream, _C.compress_batch_workspace_bytes(code, numels, shapes, codec_id, dev))
             _C.compress_gpu_batch([t.data_ptr() for t in group], code, numels, shapes, at[:-1], ws.data_ptr(), stream,
                                   sms, codec_id, dev)
         views = flat.split(caps)
@@ -567,7 +610,7 @@ def _check_outs(bufs: list, outs: list) -> None:
     (the pairwise loop, run only when the sorted scan finds an overlap)."""
     bad = None
     for i, o in enumerate(outs):
-        if o is None:
+        if o is None or (_plain_gpu(o) and o.get_device() == bufs[i].get_device()):
             continue
         try:
             _check_out(o, f"out[{i}]")
@@ -605,10 +648,15 @@ def decompress_batch(bufs: Sequence[torch.Tensor], *, out: Optional[Sequence[tor
     if out is not None and len(out) != len(bufs):
         raise ValueError(f"got {len(bufs)} streams but {len(out)} outputs")
     outs = list(out) if out is not None else [None] * len(bufs)
-    for b in bufs:
-        _header_args(b)
-    if out is not None:  # no output may overwrite a stream or another output
-        _check_outs(bufs, outs)
+    if out is not None and _plain_streams(bufs) and _plain_outs(bufs, outs):  # the usual case, checked at C speed
+        if _any_overlap(bufs, outs):
+            _check_outs(bufs, outs)  # names the first overlapping pair
+    else:
+        for b in bufs:
+            if not _plain_stream(b):
+                _header_args(b)
+        if out is not None:  # no output may overwrite a stream or another output
+            _check_outs(bufs, outs)
     devs = [b.get_device() if b.is_cuda else None for b in bufs]
     if devs.count(None) < len(devs):
         _device.require()  # what _check_tensor adds to _header_args for a GPU stream
