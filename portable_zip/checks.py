@@ -34,6 +34,9 @@ def slots(index: int, stream: int, n: int) -> tuple:
     be queued on stream (the raw handle of that device's current stream):
     (slab, first slot k, address of slot k). Register them with register()
     once the decodes are queued."""
+    if _device.capturing():  # a capture's zeros land only when the graph runs: its slab is never kept
+        slab = torch.zeros(n, dtype=torch.int32, device=torch.device("cuda", index))
+        return slab, 0, slab.data_ptr()
     key = (index, stream)
     with _lock:
         s = _slabs.get(key)
