@@ -38,25 +38,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _median_us(fn, reps: int, sync) -> float:
+def _median_us(fn, reps: int, sync, clock=time.perf_counter) -> float:
+    """Median µs per call on clock: wall time, or time.thread_time for this thread's CPU time (its host work
+    without the time it sleeps in waits, and without cProfile's overhead)."""
     times = []
     for _ in range(reps):
         sync()
-        t0 = time.perf_counter()
+        t0 = clock()
         fn()
-        times.append(time.perf_counter() - t0)
-    return 1e6 * statistics.median(times)
-
-
-def _thread_cpu_us(fn, reps: int, sync) -> float:
-    """Median CPU time of this thread per call: its host work (Python, launches, posts) without the time it
-    sleeps in waits, and without cProfile's overhead."""
-    times = []
-    for _ in range(reps):
-        sync()
-        t0 = time.thread_time()
-        fn()
-        times.append(time.thread_time() - t0)
+        times.append(clock() - t0)
     return 1e6 * statistics.median(times)
 
 
@@ -140,7 +130,7 @@ def _rank(rank: int, world: int, port: int, device: str, reps: int, q) -> None:
         for _ in range(5):
             fn()
         wall = _median_us(fn, reps, sync)
-        cpu = _thread_cpu_us(fn, reps, sync)
+        cpu = _median_us(fn, reps, sync, time.thread_time)
         # A batch's exchange runs on the worker thread, out of this thread's profile: timed only.
         prof = _profile(fn, reps) if name.startswith("1 x") else None
         out[f"compressed send {name}" if rank == 0 else f"compressed recv {name}"] = {

@@ -5,7 +5,6 @@ says (agree.py) and submits the algorithm (collectives.py) or torch's own op
 from __future__ import annotations
 
 import concurrent.futures
-import datetime
 import math
 import numbers
 import time
@@ -22,14 +21,13 @@ from . import agree, calibration, native
 from . import collectives as coll
 from .collectives import ReduceOp
 from .deadline import Deadline
-from .errors import PeerError
 from .pieces import Call, Plan, Result
 from .pipeline import exchange
 from .plans import Plans
 from .policy import Policy
 from .setup import device_of, open_transport, private_group, timeout_of
 from .transports import fabric
-from .transports.torch import failed, movable
+from .transports.torch import movable
 from .work import Work, Worker
 
 _REDUCIBLE = frozenset((torch.bfloat16, torch.float16, torch.float32, torch.float64))
@@ -105,8 +103,6 @@ class Communicator:
         # Native plans on NCCL are stream-ordered like torch.distributed's own
         # calls; PZ_SYNC_NATIVE=1 makes them wait on the host, bounded by timeout.
         self._stream_native = self._native and self.tp.backend == "nccl" and not s.sync_native
-        self._fast_native = self._stream_native or (self._native and self.tp.backend == "gloo")
-        self._group_timeout = datetime.timedelta(seconds=self.timeout)  # the private group's own
         self._closed = False
         self._check_plans = False
         self.tp.connect(Deadline(self.timeout))  # collective: every rank constructs its Communicator
@@ -212,11 +208,9 @@ class Communicator:
                 and self._plans.op(op, t.dtype, t.nbytes) == "native")
 
     def _native_now(self, op: str, t: torch.Tensor, async_op: bool) -> bool:
-        """A blocking collective that runs native and needs no deadline of
-        ours (NCCL returns once queued; gloo's wait is bounded by the private
-        group's timeout, which is ours): auto then adds only this check and
-        the stats to what torch costs."""
-        return not async_op and self._fast_native and self._idle_native(op, t)
+        """A blocking collective that runs native: auto then adds only this
+        check, the native wait (_await_native) and the stats to what torch costs."""
+        return not async_op and self._native and self._idle_native(op, t)
 
     def _await_native(self, works, deadline: Deadline, detached: bool = False) -> None:
         """Finish native transfers the way torch.distributed does: on NCCL,
@@ -237,19 +231,10 @@ class Communicator:
         self._record(op, "native", t0, sent, sent)
 
     def _run_native(self, op: str, start, sent: int) -> None:
-        """The fast path of _native_now: torch's op, waited for as torch's
-        own blocking call waits; what the wait raises becomes PeerError /
-        PeerTimeout (what start() raises, argument errors included, passes as it is)."""
+        """The fast path of _native_now: torch's op and the wait every native
+        plan takes, nothing else."""
         t0 = time.perf_counter()
-        works = start()
-        try:
-            for w in works if isinstance(works, list) else (works,):
-                w.wait() if self._stream_native else w.wait(self._group_timeout)
-        except PeerError:
-            raise
-        except RuntimeError as e:
-            raise failed(self.tp.name, e, self.timeout) from e
-        self._record(op, "native", t0, sent, sent)
+        self._native_done(op, t0, start(), sent, Deadline(self.timeout))
 
     # --- collectives ------------------------------------------------------------
     # A collective's plan is a function of (op, dtype, numel) and the agreed
@@ -438,12 +423,7 @@ class Communicator:
         on NCCL it is posted as a batch like any other, see transports/torch.py)."""
         if not self._idle_native("send", t):
             return False
-        sent = t.nbytes if kind == "send" else 0
-        if self._fast_native:
-            self._run_native(kind, lambda: self.tp.post([(kind, t, peer)]), sent)
-        else:  # PZ_SYNC_NATIVE on NCCL: a host wait bounded by our deadline
-            self._native_done(kind, time.perf_counter(), self.tp.post([(kind, t, peer)]), sent,
-                              Deadline(self.timeout))
+        self._run_native(kind, lambda: self.tp.post([(kind, t, peer)]), t.nbytes if kind == "send" else 0)
         return True
 
     def isend(self, t: torch.Tensor, dst: int) -> Work:
