@@ -17,6 +17,7 @@ from .codec import (  # noqa: E402
 )
 from . import ops  # noqa: E402,F401  (registers torch.ops.portable_zip.*)
 from .comm import Communicator, MismatchError, PeerError, PeerTimeout, ReduceOp, Work  # noqa: E402
+from . import c10d  # noqa: E402,F401  (registers the "pz" torch.distributed backend)
 
 __all__ = [
     "Communicator", "MismatchError", "PeerError", "PeerTimeout", "ReduceOp", "Work", "FormatError", "backend_info", "check", "compress", "compress_batch", "compressed_size", "decompress",

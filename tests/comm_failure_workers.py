@@ -241,7 +241,7 @@ def arm(phase, withhold):
     data:    right after posting its first data wave (with withhold, the
              wave's receives only; for a native collective, which does not go
              through the transport, at the torch.distributed call)."""
-    from portable_zip.comm import native
+    from portable_zip.comm.group import Group
     from portable_zip.comm.transports.torch import TorchDistTransport
 
     orig_post = TorchDistTransport.post
@@ -262,24 +262,18 @@ def arm(phase, withhold):
     TorchDistTransport.post = post
 
     def wrap(fn):
-        def native(*args, **kwargs):
-            ts = [a for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor)]
-            ctrl = _is_control(ts)
+        def native(*args):
+            ctrl = _is_control([a for a in args if isinstance(a, torch.Tensor)])
             if (phase == "control" and ctrl) or (phase == "data" and not ctrl):
                 if phase == "data" and withhold:
                     die()
-                kwargs["async_op"] = True
-                fn(*args, **kwargs)
+                fn(*args)  # posted (every Group op is async): the peers see it start, then this rank dies
                 die()
-            return fn(*args, **kwargs)
+            return fn(*args)
         return native
 
-    for name in ("broadcast", "all_reduce", "all_to_all_single", "all_gather_into_tensor", "all_gather_single",
-                 "reduce_scatter_tensor", "reduce_scatter_single", "all_gather", "reduce_scatter"):
-        if hasattr(dist, name):
-            setattr(dist, name, wrap(getattr(dist, name)))
-    for name in ("all_gather", "reduce_scatter"):  # what the Communicator calls torch's ops by
-        setattr(native, name, wrap(getattr(native, name)))
+    for name in ("broadcast", "all_reduce", "all_to_all", "all_gather", "reduce_scatter"):  # torch's own ops
+        setattr(Group, name, wrap(getattr(Group, name)))
 
 
 def _set_wave_bytes(n):

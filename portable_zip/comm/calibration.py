@@ -14,7 +14,6 @@ import torch.distributed as dist
 
 from .. import codec
 from .._dtypes import CODED
-from . import native as native_ops
 from .deadline import Deadline
 from .policy import Calibration, Policy
 from .transports.base import RECV, SEND, Transport
@@ -121,10 +120,10 @@ def measure_native(op: str, tp: Transport, group, deadline: Deadline):
         out = torch.empty(tp.world * t.numel(), dtype=t.dtype, device=tp.device)
         if op == "all_gather":
             def run():
-                tp.wait([native_ops.all_gather(out, t, group=group, async_op=True)], deadline)
+                tp.wait([group.all_gather(out, t)], deadline)
         else:
             def run():
-                tp.wait([dist.all_reduce(t, group=group, async_op=True)], deadline)
+                tp.wait([group.all_reduce(t, dist.ReduceOp.SUM)], deadline)
         run()  # warm-up
         return run
 

@@ -162,11 +162,11 @@ def hier_all_reduce(tp: Transport, t, op: ReduceOp, coded: Coded, call: Call, do
     shard = torch.empty(per, dtype=t.dtype, device=t.device)
     native_op = ReduceOp.SUM.native() if op == ReduceOp.AVG else op.native()
     near = tp.local
-    work = native.reduce_scatter(shard, padded, op=native_op, group=near.group, async_op=True)
+    work = near.group.reduce_scatter(shard, padded, native_op)
     near.wait_detached([work], call.deadline)  # gloo's reduce_scatter ignores wait(timeout)
     # The column's two-shot all_reduce over the fabric, in domain order.
     rs, ag = all_reduce(tp, shard, op, coded, call, ranks=column, divisor=tp.world if op == ReduceOp.AVG else None)
-    near.wait([native.all_gather(padded, shard, group=near.group, async_op=True)], call.deadline)
+    near.wait([near.group.all_gather(padded, shard)], call.deadline)
     if padded.data_ptr() != flat.data_ptr():
         flat.copy_(padded[:n])
     return rs, ag

@@ -30,6 +30,9 @@ from .transports import fabric
 from .transports.torch import movable
 from .work import Work, Worker
 
+# async_op=TORCH_WORK (the pz backend's): async, and an idle native op returns
+# torch's own Work, so the backend adds no thread hop to what torch costs.
+TORCH_WORK = "torch-work"
 _REDUCIBLE = frozenset((torch.bfloat16, torch.float16, torch.float32, torch.float64))
 _FP8 = frozenset(d for d in (torch.float8_e4m3fn, torch.float8_e5m2, getattr(torch, "float8_e4m3fnuz", None),
                              getattr(torch, "float8_e5m2fnuz", None)) if d is not None)
@@ -65,8 +68,6 @@ class Communicator:
                  link_gbps: Optional[float] = None, latency_us: Optional[float] = None,
                  codec_gbps: Optional[float] = None, margin: Optional[float] = None, domains=None,
                  device=None, max_sms: Optional[int] = None):
-        if not dist.is_initialized():
-            raise RuntimeError("pz.Communicator needs torch.distributed.init_process_group() first")
         self.settings = s = Settings.from_env()
         if compress not in agree.MODES:
             raise ValueError(f"compress must be 'auto', 'always' or 'never', got {compress!r}")
@@ -84,7 +85,7 @@ class Communicator:
         self.parent_group = group if group is not None else dist.group.WORLD
         self.group = private_group(self.parent_group, self.timeout)
         self.compress = compress
-        self.rank, self.world = dist.get_rank(self.group), dist.get_world_size(self.group)
+        self.rank, self.world = self.group.rank, self.group.size
         self.device = device_of(device, self.group)
         self._cuda = self.device.type == "cuda"
         lay = open_transport(self.group, self.device, transport, domains, s, self.timeout)
@@ -210,7 +211,7 @@ class Communicator:
     def _native_now(self, op: str, t: torch.Tensor, async_op: bool) -> bool:
         """A blocking collective that runs native: auto then adds only this
         check, the native wait (_await_native) and the stats to what torch costs."""
-        return not async_op and self._native and self._idle_native(op, t)
+        return (not async_op or async_op is TORCH_WORK) and self._native and self._idle_native(op, t)
 
     def _await_native(self, works, deadline: Deadline, detached: bool = False) -> None:
         """Finish native transfers the way torch.distributed does: on NCCL,
@@ -230,10 +231,14 @@ class Communicator:
         self._await_native(works, deadline, detached)
         self._record(op, "native", t0, sent, sent)
 
-    def _run_native(self, op: str, start, sent: int) -> None:
+    def _run_native(self, op: str, start, sent: int, async_op=False):
         """The fast path of _native_now: torch's op and the wait every native
-        plan takes, nothing else."""
+        plan takes, nothing else (TORCH_WORK: torch's Work, not waited for)."""
         t0 = time.perf_counter()
+        if async_op is TORCH_WORK:
+            w = start()
+            self._record(op, "native", t0, sent, sent)
+            return w
         self._native_done(op, t0, start(), sent, Deadline(self.timeout))
 
     # --- collectives ------------------------------------------------------------
@@ -263,11 +268,11 @@ class Communicator:
         self._rank_arg(src, "src")
 
         def start():
-            return dist.broadcast(*self._bytes(t), self.tp.global_rank(src), group=self.group, async_op=True)
+            return self.group.broadcast(*self._bytes(t), src)
 
         sent = t.nbytes * (self.world - 1) if self.rank == src else 0
         if self._native_now("broadcast", t, async_op):
-            return self._run_native("broadcast", start, sent)
+            return self._run_native("broadcast", start, sent, async_op)
 
         def algorithm(call, coded):
             res = coll.broadcast(self.tp, t, src, coded, call)
@@ -286,11 +291,11 @@ class Communicator:
             inp = inp.clone()  # overlapping out anywhere but its own slot: receives would overwrite it
 
         def start():
-            return native.all_gather(*self._bytes(out, inp), group=self.group, async_op=True)
+            return self.group.all_gather(*self._bytes(out, inp))
 
         sent = inp.nbytes * (self.world - 1)
         if self._native_now("all_gather", inp, async_op):
-            return self._run_native("all_gather", start, sent)
+            return self._run_native("all_gather", start, sent, async_op)
 
         def algorithm(call, coded):
             res = coll.all_gather(self.tp, out, inp, coded, call)
@@ -311,7 +316,7 @@ class Communicator:
             inp = inp.clone()
 
         def start():
-            return native.reduce_scatter(out, inp, op=op.native(), group=self.group, async_op=True)
+            return self.group.reduce_scatter(out, inp, op.native())
 
         def algorithm(call, coded):
             res = coll.reduce_scatter(self.tp, out, inp, op, coded, call)
@@ -327,11 +332,11 @@ class Communicator:
         self._check(t, "all_reduce tensor", reduce=True)
 
         def start():
-            return dist.all_reduce(t, op=op.native(), group=self.group, async_op=True)
+            return self.group.all_reduce(t, op.native())
 
         sent = 2 * t.nbytes * (self.world - 1) // self.world
         if self._native_now("all_reduce", t, async_op):
-            return self._run_native("all_reduce", start, sent)
+            return self._run_native("all_reduce", start, sent, async_op)
 
         def algorithm(call, coded):
             if self._hier:
@@ -371,8 +376,7 @@ class Communicator:
                 heaviest = max(sum(r[:self.world]) for r in mat) * row * inp.element_size()
                 plan = self._plans.op("all_to_all", inp.dtype, heaviest)
             if plan == "native":
-                w = dist.all_to_all_single(native.row_bytes(out), native.row_bytes(inp), out_splits, in_splits,
-                                           group=self.group, async_op=True)
+                w = self.group.all_to_all(native.row_bytes(out), native.row_bytes(inp), out_splits, in_splits)
                 sent = inp.nbytes - in_splits[self.rank] * (inp.nbytes // max(inp.shape[0], 1))
                 return self._native_done("all_to_all", t0, w, sent, call.deadline)
             res = coll.all_to_all(self.tp, out, inp, out_splits, in_splits,
@@ -504,6 +508,7 @@ class Communicator:
             self._closed = True
             self._worker.shutdown()
             self.tp.close()
+            self.group.close()
 
     def __repr__(self) -> str:
         return f"Communicator(rank={self.rank}, world={self.world}, compress={self.compress!r}, {self.backend})"

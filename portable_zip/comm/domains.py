@@ -15,7 +15,7 @@ import torch
 from .. import _C, _device
 from .deadline import Deadline
 from .errors import MismatchError
-from .groups import new_group_bounded, swap_through_store
+from .groups import swap_through_store
 
 
 def device_kind(device: torch.device) -> str:
@@ -93,7 +93,7 @@ def check_facts(facts: List[dict]) -> None:
                             ", ".join(f"rank {j} {f['build']}" for j, f in enumerate(facts)))
 
 
-def domain_group(parent_ranks: List[int], members: List[int], kind: str, timeout: float):
-    """This rank's domain's torch group (NCCL/RCCL for GPUs, gloo for CPUs); only members call it."""
-    backend = "nccl" if kind in ("cuda", "rocm") else "gloo"
-    return new_group_bounded([parent_ranks[r] for r in members], backend, timeout, f"a peer of domain {members}")
+def domain_group(group, members: List[int], kind: str):
+    """This rank's domain's group (NCCL/RCCL for GPUs, gloo for CPUs) of
+    group (a Group); only members call it."""
+    return group.sub(members, "nccl" if kind in ("cuda", "rocm") else "gloo")

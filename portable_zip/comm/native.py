@@ -1,15 +1,9 @@
-"""torch.distributed's own collectives, by the names the Communicator and
-the hierarchical algorithms call (uint8 views where an op only moves bytes)."""
+"""Shapes torch's own collectives move: all_to_all's rows, as bytes."""
 from __future__ import annotations
 
 import math
 
 import torch
-import torch.distributed as dist
-
-# torch 2.13 renamed all_gather_into_tensor / reduce_scatter_tensor to *_single.
-all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 def rows(t: torch.Tensor) -> torch.Tensor:

@@ -12,7 +12,7 @@ import torch.distributed as dist
 from ..settings import Settings
 from . import domains as dom
 from .deadline import Deadline
-from .groups import new_group_bounded
+from .group import Group
 from .transports import fabric
 from .transports.base import Transport
 from .transports.routed import RoutedTransport
@@ -44,7 +44,7 @@ def timeout_of(timeout, settings: Settings) -> float:
     return out
 
 
-def device_of(device, group) -> torch.device:
+def device_of(device, group: Group) -> torch.device:
     """The tensors this rank moves: device=, else the group backend's (nccl: the current GPU)."""
     if device is not None:
         d = torch.device(device)
@@ -53,23 +53,26 @@ def device_of(device, group) -> torch.device:
         if d.type not in ("cuda", "cpu"):
             raise ValueError(f"device must be a CUDA/ROCm GPU or the CPU, got {device!r}")
         return d
-    if str(dist.get_backend(group)) == "nccl":
+    if group.backend == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 
 
-def private_group(parent, timeout: float):
-    """A new group of parent's ranks: ops queued on our worker never share
-    tags or sequence numbers with the caller's own ops on theirs."""
-    return new_group_bounded(dist.get_process_group_ranks(parent), dist.get_backend(parent), timeout, "a peer")
+def private_group(parent, timeout: float) -> Group:
+    """A new group of parent's ranks (a torch group, or the pz backend's
+    Group): ops queued on our worker never share tags or sequence numbers
+    with the caller's own ops on theirs."""
+    if not isinstance(parent, Group) and not dist.is_initialized():
+        raise RuntimeError("pz.Communicator needs torch.distributed.init_process_group() first")
+    return Group.of(parent, timeout)
 
 
-def open_transport(group, device: torch.device, transport: str, domains, settings: Settings,
+def open_transport(group: Group, device: torch.device, transport: str, domains, settings: Settings,
                    timeout: float) -> Layout:
     """One domain: torch.distributed, as ever. Several (mixed vendors, or
     transport='fabric'): the fabric engine between them, each domain's
     native backend inside."""
-    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    rank, world = group.rank, group.size
     facts = dom.rank_facts(group, device, Deadline(timeout), domains)
     dom.check_facts(facts)
     all_gpu = all(f["kind"] != "cpu" for f in facts)
@@ -103,12 +106,9 @@ def open_transport(group, device: torch.device, transport: str, domains, setting
     mixed = any(len(d) > 1 for d in doms)
     tp: Transport = fab
     if mixed:
-        # Every rank makes exactly one domain group, singletons too: torch
-        # names groups by how many this process holds, so counts must stay
-        # equal on every rank for later groups to match up.
         mine = doms[domain_of[rank]]
-        grp = dom.domain_group(dist.get_process_group_ranks(group), mine, facts[rank]["kind"], timeout)
-        tp = RoutedTransport(TorchDistTransport(grp) if len(mine) > 1 else None, mine, fab)
+        near = TorchDistTransport(dom.domain_group(group, mine, facts[rank]["kind"])) if len(mine) > 1 else None
+        tp = RoutedTransport(near, mine, fab)
     # Hierarchical reductions need equal domains (one shard per local rank).
     hier = len({len(d) for d in doms}) == 1 and len(doms[0]) > 1
     backend = f"{tp.name} ({fab.info['rails']} rails, {fab.info['chunk']}-byte chunks; domains {doms})"

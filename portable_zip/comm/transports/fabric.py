@@ -10,7 +10,6 @@ import os
 from typing import List, Optional, Sequence
 
 import torch
-import torch.distributed as dist
 
 from ... import _C, _device
 from ...settings import Settings
@@ -34,7 +33,7 @@ def available() -> str:
 
 
 class FabricTransport(Transport):
-    """Between the ranks of a torch.distributed group; endpoint addresses are
+    """Between the ranks of a Group (group.py); endpoint addresses are
     swapped through the job's store, so any job (gloo-only included) can use it."""
     sized = True
     costs = FABRIC_COSTS
@@ -44,8 +43,7 @@ class FabricTransport(Transport):
         if why:
             raise RuntimeError(f"transport='fabric' is unavailable: {why}")
         self.group = group
-        self.rank = dist.get_rank(group)
-        self.world = dist.get_world_size(group)
+        self.rank, self.world = group.rank, group.size
         self.device = device
         if device.type == "cpu":
             os.environ.setdefault("FI_HMEM", "system")  # a CPU rank: libfabric leaves CUDA/ROCr alone
@@ -61,8 +59,7 @@ class FabricTransport(Transport):
         self.info = self.engine.info()
         self.name = f"libfabric/{self.info['provider']}"
         self.backend = "fabric"
-        self._global = [dist.get_global_rank(group, r) if group is not dist.group.WORLD else r
-                        for r in range(self.world)]
+        self._global = group.ranks
         self._cuda = device.type == "cuda"
 
     @property

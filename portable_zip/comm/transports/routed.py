@@ -45,3 +45,5 @@ class RoutedTransport(Transport):
 
     def close(self) -> None:
         self.fabric.close()
+        if self.local is not None:
+            self.local.close()

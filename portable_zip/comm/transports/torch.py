@@ -1,5 +1,5 @@
-"""Point to point over an initialized torch.distributed group: NCCL on CUDA,
-RCCL on ROCm (torch's "nccl" backend), gloo on CPU."""
+"""Point to point over a Group (group.py): NCCL on CUDA, RCCL on ROCm
+(torch's "nccl" backend), gloo on CPU."""
 from __future__ import annotations
 
 import datetime
@@ -8,7 +8,6 @@ import time
 from typing import List, Sequence
 
 import torch
-import torch.distributed as dist
 
 from ..deadline import Deadline
 from ..errors import PeerError, PeerTimeout
@@ -42,23 +41,20 @@ class TorchDistTransport(Transport):
     """Unsized: the pipeline moves a stream's fixed parts, then its tail.
     Its own native collectives run on `group` (local is itself)."""
 
-    def __init__(self, group=None):
-        self.group = group if group is not None else dist.group.WORLD
-        self.backend = str(dist.get_backend(self.group))
-        self.rank = dist.get_rank(self.group)
-        self.world = dist.get_world_size(self.group)
+    def __init__(self, group):
+        self.group = group
+        self.backend = group.backend
+        self.rank, self.world, self.device = group.rank, group.size, group.device
         self.name = f"torch.distributed/{self.backend}"
-        if self.backend == "nccl":
-            self.device = torch.device("cuda", torch.cuda.current_device())
-        else:
-            self.device = torch.device("cpu")
         self.local = self
-        self._global = [dist.get_global_rank(self.group, r) if self.group is not dist.group.WORLD else r
-                        for r in range(self.world)]
+        self._global = group.ranks
         self._gloo = self.backend == "gloo"
 
     def global_rank(self, r: int) -> int:
         return self._global[r]
+
+    def close(self) -> None:
+        self.group.close()
 
     def connect(self, deadline: Deadline) -> None:
         """Create the group's NCCL communicator now, with all ranks present:
@@ -75,17 +71,11 @@ class TorchDistTransport(Transport):
         if not ops:
             return []
         try:
-            # On NCCL every post is a batch: a lone isend/irecv runs on the
-            # pair's own communicator, and a send posted alone on one side but
-            # in a batch on the other (3+ ranks: the other side's wave holds
-            # more peers) would never match. gloo has one channel per pair.
-            if len(ops) == 1 and self.backend != "nccl":
-                kind, t, peer = ops[0]
-                fn = dist.isend if kind == SEND else dist.irecv
-                return [fn(movable(t, self.backend), self._global[peer], group=self.group)]
-            return dist.batch_isend_irecv([dist.P2POp(dist.isend if kind == SEND else dist.irecv,
-                                                      movable(t, self.backend), self._global[peer], self.group)
-                                           for kind, t, peer in ops])
+            # On NCCL every post is a batch (Group.send_recv): a lone
+            # isend/irecv runs on the pair's own communicator, and a send
+            # posted alone on one side but in a batch on the other (3+ ranks:
+            # the other side's wave holds more peers) would never match.
+            return self.group.send_recv([(kind == SEND, movable(t, self.backend), peer) for kind, t, peer in ops])
         except RuntimeError as e:
             raise PeerError(f"{self.name}: posting {len(ops)} transfers failed: {e}") from e
 

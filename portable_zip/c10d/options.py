@@ -1,0 +1,34 @@
+"""The pz backend's options: init_process_group(..., pg_options=Options(...))
+or new_group(..., pg_options=...). Anything left None comes from the
+documented PZ_* variables (docs/SETTINGS.md), as for pz.Communicator."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+
+@dataclass
+class Options:
+    """compress: "auto" (the cost model decides per op; never slower than the
+        inner backend by its margin), "always" or "never" (same bytes, no coding).
+    transport: "auto" (the inner backend: NCCL/RCCL for GPU tensors, gloo for
+        CPU ones), "torch", or "fabric" (the libfabric engine between every
+        pair; two ranks sharing one GPU need it, NCCL refuses them).
+    domains: None, "host" or rank lists: native inside a domain, fabric between.
+    timeout: seconds an op may take (default: PZ_TIMEOUT, else the group's
+        torch timeout). max_sms: the most SMs a codec launch uses.
+    link_gbps, latency_us, codec_gbps, margin: policy overrides."""
+    compress: str = "auto"
+    transport: str = "auto"
+    domains: object = None
+    timeout: Optional[float] = None
+    max_sms: Optional[int] = None
+    link_gbps: Optional[float] = None
+    latency_us: Optional[float] = None
+    codec_gbps: Optional[float] = None
+    margin: Optional[float] = None
+
+    def communicator_args(self) -> dict:
+        return {"compress": self.compress, "transport": self.transport, "domains": self.domains,
+                "max_sms": self.max_sms, "link_gbps": self.link_gbps, "latency_us": self.latency_us,
+                "codec_gbps": self.codec_gbps, "margin": self.margin}

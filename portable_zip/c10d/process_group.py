@@ -1,0 +1,324 @@
+"""The "pz" torch.distributed backend: a ProcessGroup whose ops go through a
+pz.Communicator per device kind (compressed where the policy says, torch's
+own op where it does not), and whose other ops are forwarded to an inner
+backend: gloo for CPU tensors, NCCL/RCCL for GPU ones.
+
+Ranks are the group's own, as torch's ProcessGroup methods take them.
+Ops are posted in the caller's order. Forwarded ops first finish the
+Communicator's queued ones, and ours first finish outstanding forwarded
+ones, so two ops on one tensor never run out of order."""
+from __future__ import annotations
+
+import threading
+from typing import Dict, List, Optional
+
+import torch
+import torch.distributed as dist
+
+from ..comm.collectives import ReduceOp
+from ..comm.communicator import TORCH_WORK, Communicator
+from ..comm.group import Group
+from ..comm.setup import timeout_of
+from ..settings import Settings
+from . import works
+from .options import Options
+from .staged import staged
+
+_R = dist.ReduceOp.RedOpType
+_OURS = {_R.SUM: ReduceOp.SUM, _R.AVG: ReduceOp.AVG, _R.MIN: ReduceOp.MIN, _R.MAX: ReduceOp.MAX}
+_REDUCIBLE = frozenset((torch.bfloat16, torch.float16, torch.float32, torch.float64))
+_KIND = {"gloo": dist.ProcessGroup.BackendType.GLOO, "nccl": dist.ProcessGroup.BackendType.NCCL}
+
+
+def _dense(t) -> bool:
+    """A tensor a Communicator can move as it is."""
+    return (isinstance(t, torch.Tensor) and t.layout == torch.strided and t.is_contiguous()
+            and not t.is_conj() and not t.is_neg() and t.device.type in ("cpu", "cuda"))
+
+
+def _op(opts) -> Optional[ReduceOp]:
+    """Our reduction for torch's, or None (PRODUCT, bitwise, PREMUL_SUM: forwarded)."""
+    r = getattr(opts, "reduceOp", dist.ReduceOp.SUM)
+    return _OURS.get(getattr(r, "op", r))
+
+
+def _one(tensors, what: str) -> torch.Tensor:
+    if len(tensors) != 1:
+        raise ValueError(f"pz backend: {what} takes one tensor per rank (torch's multi-GPU lists are gone), "
+                         f"got {len(tensors)}")
+    return tensors[0]
+
+
+class ProcessGroupPZ(dist.ProcessGroup):
+    """Made by torch.distributed (init_process_group / new_group with backend
+    "pz"); devices: the device kinds mapped to pz (others are forwarded as
+    they are, e.g. CPU tensors under "cpu:gloo,cuda:pz")."""
+
+    def __init__(self, store, rank: int, ranks: List[int], timeout: float, name: str,
+                 options: Optional[Options] = None, devices=("cpu", "cuda")):
+        super().__init__(rank, len(ranks))
+        self.options = options = options if options is not None else Options()
+        s = Settings.from_env()
+        self.timeout = timeout_of(options.timeout if options.timeout is not None else
+                                  (s.timeout if s.timeout is not None else timeout), s)
+        self.devices = frozenset(devices)
+        self._inner: Dict[str, Group] = {"cpu": Group(store, rank, ranks, "gloo", self.timeout, f"{name}/cpu")}
+        # Two ranks on one GPU (transport="fabric") cannot use NCCL: their
+        # forwarded GPU ops stage through host memory over gloo instead.
+        if torch.cuda.is_available() and options.transport != "fabric":
+            self._inner["cuda"] = Group(store, rank, ranks, "nccl", self.timeout, f"{name}/cuda")
+        for kind, g in self._inner.items():
+            d = torch.device(kind)
+            self._register_backend(d, _KIND[g.backend], g.pg._get_backend(d))
+        self._set_default_backend(_KIND[self._inner["cpu"].backend])
+        self._comms: Dict[str, Communicator] = {}
+        self._forwarded: List[object] = []
+        self._lock = threading.RLock()  # DDP's reducer posts from autograd threads
+        self._closed = False
+
+    # --- plumbing -------------------------------------------------------------
+    def _comm(self, device: torch.device) -> Optional[Communicator]:
+        """This device kind's Communicator, made at its first op (collectively:
+        every rank's first op on a device kind makes it), or None where the
+        kind is not mapped to pz."""
+        kind = device.type
+        if kind not in self.devices or self._closed:
+            return None
+        c = self._comms.get(kind)
+        if c is None:
+            parent = self._inner.get(kind, self._inner["cpu"])
+            dev = torch.device("cuda", torch.cuda.current_device()) if kind == "cuda" else device
+            c = self._comms[kind] = Communicator(group=parent, device=dev, timeout=self.timeout,
+                                                 **self.options.communicator_args())
+        return c
+
+    def _settle_forwarded(self) -> None:
+        while self._forwarded:
+            w = self._forwarded.pop(0)
+            if not w.is_completed():
+                w.wait()
+
+    def _ours(self, device: torch.device, fn, outputs, then=None):
+        """fn(Communicator, async_op) on this device kind's Communicator, as a torch Work."""
+        with self._lock:
+            c = self._comm(device)
+            if c is None:
+                return None
+            self._settle_forwarded()
+            res = fn(c, TORCH_WORK if then is None else True)
+        if isinstance(res, dist.Work):
+            return res  # torch's own op (an idle native plan): nothing added
+        return works.Work([res], outputs, then)
+
+    def _forward(self, device: torch.device, name: str, *args):
+        """torch's own op on the inner backend (staged through host memory
+        where GPU tensors have no NCCL here)."""
+        with self._lock:
+            for c in self._comms.values():
+                c._flush()
+                c._drain()
+            inner = self._inner.get(device.type)
+            if inner is None:
+                return staged(self._inner["cpu"].pg, name, args)
+            w = getattr(inner.pg, name)(*args)
+            self._forwarded.append(w)
+            return w
+
+    def _served(self, t, dtype_ok=True) -> bool:
+        return _dense(t) and dtype_ok and t.device.type in self.devices
+
+    # --- collectives ------------------------------------------------------------
+    def allreduce(self, tensors, opts=None):
+        opts = opts if opts is not None else dist.AllreduceOptions()
+        t, op = _one(tensors, "all_reduce"), _op(opts)
+        if op is not None and self._served(t, t.dtype in _REDUCIBLE):
+            return self._ours(t.device, lambda c, a: c.all_reduce(t, op=op, async_op=a), [t])
+        return self._forward(t.device, "allreduce", tensors, opts)
+
+    def broadcast(self, tensors, opts=None):
+        opts = opts if opts is not None else dist.BroadcastOptions()
+        t = _one(tensors, "broadcast")
+        if self._served(t):
+            return self._ours(t.device, lambda c, a: c.broadcast(t, opts.rootRank, async_op=a), [t])
+        return self._forward(t.device, "broadcast", tensors, opts)
+
+    def all_gather_single(self, out, inp, opts=None):
+        opts = opts if opts is not None else dist.AllgatherOptions()
+        if self._served(inp) and _dense(out) and out.dtype == inp.dtype and out.numel() == self.size() * inp.numel():
+            return self._ours(inp.device, lambda c, a: c.all_gather_single(out, inp, async_op=a), [out])
+        return self._forward(inp.device, _name(self, "all_gather_single", "_allgather_base"), out, inp, opts)
+
+    _allgather_base = all_gather_single  # torch < 2.13
+
+    def allgather(self, output_lists, inputs, opts=None):
+        opts = opts if opts is not None else dist.AllgatherOptions()
+        inp = _one(inputs, "all_gather")
+        outs = output_lists[0] if len(output_lists) == 1 else []
+        if (self._served(inp) and len(outs) == self.size()
+                and all(_dense(o) and o.dtype == inp.dtype and o.numel() == inp.numel() for o in outs)):
+            flat = torch.empty(self.size() * inp.numel(), dtype=inp.dtype, device=inp.device)
+            n = inp.numel()
+
+            def then():
+                for r, o in enumerate(outs):
+                    o.copy_(flat[r * n:(r + 1) * n].view(o.shape))
+            return self._ours(inp.device, lambda c, a: c.all_gather_single(flat, inp.reshape(-1), async_op=a),
+                              output_lists, then)
+        return self._forward(inp.device, "allgather", output_lists, inputs, opts)
+
+    def reduce_scatter_single(self, out, inp, opts=None):
+        opts = opts if opts is not None else dist.ReduceScatterOptions()
+        op = _op(opts)
+        if (op is not None and self._served(inp, inp.dtype in _REDUCIBLE) and _dense(out) and out.dtype == inp.dtype
+                and inp.numel() == self.size() * out.numel()):
+            return self._ours(inp.device, lambda c, a: c.reduce_scatter_single(out, inp, op=op, async_op=a), [out])
+        return self._forward(inp.device, _name(self, "reduce_scatter_single", "_reduce_scatter_base"), out, inp, opts)
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def reduce_scatter(self, outputs, input_lists, opts=None):
+        opts = opts if opts is not None else dist.ReduceScatterOptions()
+        out, op = _one(outputs, "reduce_scatter"), _op(opts)
+        ins = input_lists[0] if len(input_lists) == 1 else []
+        if (op is not None and self._served(out, out.dtype in _REDUCIBLE) and len(ins) == self.size()
+                and all(_dense(i) and i.dtype == out.dtype and i.numel() == out.numel() for i in ins)):
+            flat = torch.cat([i.reshape(-1) for i in ins])
+            return self._ours(out.device, lambda c, a: c.reduce_scatter_single(out.view(-1), flat, op=op,
+                                                                               async_op=a), outputs)
+        return self._forward(out.device, "reduce_scatter", outputs, input_lists, opts)
+
+    def all_to_all_single(self, out, inp, out_splits, in_splits, opts=None):
+        opts = opts if opts is not None else dist.AllToAllOptions()
+        if self._served(inp) and _dense(out) and out.dtype == inp.dtype:
+            o, i = (list(out_splits) or None), (list(in_splits) or None)
+            return self._ours(inp.device, lambda c, a: c.all_to_all_single(out, inp, o, i, async_op=a), [out])
+        return self._forward(inp.device, _name(self, "all_to_all_single", "alltoall_base"), out, inp, out_splits,
+                             in_splits, opts)
+
+    alltoall_base = all_to_all_single
+
+    def alltoall(self, outputs, inputs, opts=None):
+        opts = opts if opts is not None else dist.AllToAllOptions()
+        ts = list(outputs) + list(inputs)
+        if (ts and len(outputs) == len(inputs) == self.size() and all(self._served(t) for t in ts)
+                and len({t.dtype for t in ts}) == 1 and len({t.device for t in ts}) == 1):
+            flat_in = torch.cat([t.reshape(-1) for t in inputs])
+            flat_out = torch.empty(sum(t.numel() for t in outputs), dtype=flat_in.dtype, device=flat_in.device)
+            o, i = [t.numel() for t in outputs], [t.numel() for t in inputs]
+
+            def then():
+                for t, piece in zip(outputs, torch.split(flat_out, o)):
+                    t.copy_(piece.view(t.shape))
+            return self._ours(flat_in.device, lambda c, a: c.all_to_all_single(flat_out, flat_in, o, i, async_op=a),
+                              outputs, then)
+        return self._forward(_device(ts), "alltoall", outputs, inputs, opts)
+
+    def all_gather_single_coalesced(self, outs, ins, opts=None):
+        return self._coalesced(outs, ins, opts, self.all_gather_single, dist.AllgatherOptions)
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+
+    def reduce_scatter_single_coalesced(self, outs, ins, opts=None):
+        return self._coalesced(outs, ins, opts, self.reduce_scatter_single, dist.ReduceScatterOptions)
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    def _coalesced(self, outs, ins, opts, one, make):
+        opts = opts if opts is not None else make()
+        ws = [one(o, i, opts) for o, i in zip(outs, ins)]
+        return works.joined(ws, list(outs))
+
+    # --- forwarded as they are ----------------------------------------------------
+    def allreduce_coalesced(self, tensors, opts=None):
+        return self._forward(_device(tensors), "allreduce_coalesced", tensors,
+                             opts if opts is not None else dist.AllreduceCoalescedOptions())
+
+    def allgather_coalesced(self, output_lists, inputs, opts=None):
+        return self._forward(_device(inputs), "allgather_coalesced", output_lists, inputs,
+                             opts if opts is not None else dist.AllgatherOptions())
+
+    def reduce(self, tensors, opts=None):
+        return self._forward(_device(tensors), "reduce", tensors, opts if opts is not None else dist.ReduceOptions())
+
+    def gather(self, outputs, inputs, opts=None):
+        return self._forward(_device(inputs), "gather", outputs, inputs,
+                             opts if opts is not None else dist.GatherOptions())
+
+    def scatter(self, outputs, inputs, opts=None):
+        return self._forward(_device(outputs), "scatter", outputs, inputs,
+                             opts if opts is not None else dist.ScatterOptions())
+
+    def barrier(self, opts=None):
+        """Every rank's earlier ops posted, then the inner gloo barrier."""
+        return self._forward(torch.device("cpu"), "barrier", opts if opts is not None else dist.BarrierOptions())
+
+    def monitored_barrier(self, timeout=None, wait_all_ranks=False):
+        with self._lock:
+            for c in self._comms.values():
+                c._flush()
+                c._drain()
+        return self._inner["cpu"].pg._get_backend(torch.device("cpu")).monitored_barrier(timeout, wait_all_ranks)
+
+    # --- point to point -------------------------------------------------------------
+    # Matched per peer in posting order, as NCCL does (tags are not used);
+    # isend/irecv posted before a wait run as one exchange (batch_isend_irecv).
+    def send(self, tensors, dst: int, tag: int = 0):
+        t = _one(tensors, "send")
+        if self._served(t):
+            return self._ours(t.device, lambda c, a: c.isend(t, dst), [t], then=_nothing)
+        return self._forward(t.device, "send", tensors, dst, tag)
+
+    def recv(self, tensors, src: int, tag: int = 0):
+        t = _one(tensors, "recv")
+        if self._served(t):
+            return self._ours(t.device, lambda c, a: c.irecv(t, src), [t], then=_nothing)
+        return self._forward(t.device, "recv", tensors, src, tag)
+
+    def recv_anysource(self, tensors, tag: int = 0):
+        raise RuntimeError("pz backend: recv from any source (dist.recv(src=None)) is not supported: name the "
+                           "source rank; pz matches transfers per peer in posting order, as NCCL does")
+
+    def _start_coalescing(self, device):
+        pass  # isend/irecv are grouped until a wait anyway
+
+    def _end_coalescing(self, device):
+        return works.done([])
+
+    # --- life -------------------------------------------------------------------
+    def shutdown(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            comms, self._comms = list(self._comms.values()), {}
+            for c in comms:
+                c.close()
+            for g in self._inner.values():
+                g.close()
+
+    abort = shutdown
+
+    @property
+    def stats(self) -> dict:
+        """Per device kind, its Communicator's per-op stats (pz.Communicator.stats)."""
+        return {k: c.stats for k, c in self._comms.items()}
+
+    def communicator(self, device="cpu") -> Optional[Communicator]:
+        """The Communicator that serves device's tensors, once an op made it."""
+        return self._comms.get(torch.device(device).type)
+
+
+def _nothing() -> None:
+    pass
+
+
+def _name(pg, new: str, old: str) -> str:
+    """torch's own name of an op: torch 2.13 renamed several."""
+    return new if hasattr(dist.ProcessGroup, new) else old
+
+
+def _device(tensors) -> torch.device:
+    flat = [t for x in tensors for t in (x if isinstance(x, (list, tuple)) else [x])]
+    if not flat:
+        raise ValueError("pz backend: an op with no tensors")
+    return flat[0].device

@@ -1,0 +1,132 @@
+"""torch.distributed Work objects for the pz backend's ops: what DDP's
+reducer, FSDP2 and user code wait on, poll and chain futures from."""
+from __future__ import annotations
+
+import contextlib
+import datetime
+import threading
+from typing import Callable, List, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+
+from ..comm.work import Work as PzWork
+
+
+def _seconds(timeout) -> Optional[float]:
+    """torch passes timedelta(0) for "no limit of this wait's own"."""
+    if timeout is None:
+        return None
+    s = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else float(timeout)
+    return s if s > 0 else None
+
+
+class Work(dist.Work):
+    """One or more pz ops seen as one torch Work. Its future's value is
+    `outputs` (torch's rule: the op's output tensors), set once every op is
+    done and `then` (a copy-out, for list-form ops) has run, under the
+    CUDA stream the op was posted on."""
+
+    def __init__(self, works: Sequence[object], outputs: List[torch.Tensor],
+                 then: Optional[Callable[[], None]] = None):
+        super().__init__()
+        self._works, self._outputs, self._then = list(works), outputs, then
+        self._stream = None
+        devices = []
+        first = _first_tensor(outputs)
+        if first is not None and first.is_cuda:
+            self._stream = torch.cuda.current_stream(first.device)
+            devices = [first.device]
+        self._future = torch.futures.Future(devices=devices)
+        self._left = len(self._works)
+        self._error: Optional[BaseException] = None
+        self._lock = threading.Lock()
+        if not self._works:
+            self._finish()
+        for w in self._works:
+            if isinstance(w, PzWork):
+                w._future.add_done_callback(lambda f: self._one_done(f.exception()))
+            else:  # torch's own (a forwarded or native op of a coalesced call)
+                w.get_future().add_done_callback(lambda f: self._one_done(_error_of(f)))
+
+    def _one_done(self, e: Optional[BaseException]) -> None:
+        # Runs where the op completes (or here, if already done): the last op finishes the Work.
+        with self._lock:
+            if e is not None and self._error is None:
+                self._error = e
+            self._left -= 1
+            last = self._left == 0
+        if last:
+            self._finish()
+
+    def _finish(self) -> None:
+        with torch.cuda.stream(self._stream) if self._stream is not None else contextlib.nullcontext():
+            if self._error is None and self._then is not None:
+                try:
+                    self._then()
+                except BaseException as e:  # noqa: BLE001 - the waiter sees it
+                    self._error = e
+            if self._error is not None:
+                self._future.set_exception(self._error)
+            else:
+                self._future.set_result(self._outputs)
+
+    def wait(self, timeout=None) -> bool:
+        for w in self._works:
+            if isinstance(w, PzWork):
+                w.wait(_seconds(timeout))  # flushes pending isend/irecv; raises the op's error
+            else:
+                w.wait(timeout) if timeout is not None else w.wait()
+        self._future.wait()  # the copy-out, if any; its error
+        if self._stream is not None:
+            cur = torch.cuda.current_stream(self._stream.device)
+            if cur != self._stream:  # NCCL's rule: the waiting stream is ordered after the op
+                cur.wait_stream(self._stream)
+        return True
+
+    def is_completed(self) -> bool:
+        return self._future.done()
+
+    def is_success(self) -> bool:
+        return self._future.done() and self._error is None
+
+    def exception(self):
+        return self._error
+
+    def get_future(self) -> torch.futures.Future:
+        for w in self._works:
+            if isinstance(w, PzWork) and w._flush is not None:
+                w._flush()  # a future nobody waits on must still run
+        return self._future
+
+    def result(self) -> List[torch.Tensor]:
+        return self._outputs
+
+
+def _first_tensor(x) -> Optional[torch.Tensor]:
+    """The first tensor of outputs (a list, or torch's list of lists)."""
+    if isinstance(x, torch.Tensor):
+        return x
+    for v in x:
+        t = _first_tensor(v)
+        if t is not None:
+            return t
+    return None
+
+
+def _error_of(fut) -> Optional[BaseException]:
+    try:
+        fut.wait()
+    except BaseException as e:  # noqa: BLE001 - handed to the waiter
+        return e
+    return None
+
+
+def joined(ws, outputs: List[torch.Tensor]) -> Work:
+    """Several ops' Works (ours or torch's) as one: a coalesced call."""
+    return Work([x for w in ws for x in (w._works if isinstance(w, Work) else [w])], outputs)
+
+
+def done(outputs: List[torch.Tensor]) -> Work:
+    """A Work that is already complete (ops served on the calling thread)."""
+    return Work([], outputs)
