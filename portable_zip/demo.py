@@ -1,11 +1,15 @@
 """Demo (python -m portable_zip demo): the codec alone on a model-shaped bf16
 state dict, then a sync of it from rank 0 to rank 1, raw and compressed,
-between two local processes (2 GPUs over NCCL if present, otherwise CPU over
-gloo). Every result is checked bit for bit."""
+between two processes: 2 GPUs over NCCL if present; otherwise CPU over gloo
+between two hosts on this machine (network namespaces joined by a link of
+PZ_NETNS_GBIT, default 1 Gbit/s: portable_zip/netns.py) where root and
+iproute2 allow, else over loopback. Every result is checked bit for bit."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import sys
 import tempfile
 import time
 
@@ -14,6 +18,11 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import portable_zip as pz
+from portable_zip import netns
+
+# A 2-core machine's CPU codec (about 2 Gbit/s of compressed sync) pays off
+# below that; 1 Gbit/s is a commodity Ethernet or cloud cross-zone link.
+DEMO_GBIT = 1.0
 
 
 def state_dict(layers: int, hidden: int, vocab: int = 16_000, seed: int = 0) -> dict:
@@ -69,13 +78,14 @@ def codec_speed(tensors: list, sync) -> dict:
             "codec_exact": all(torch.equal(a.view(torch.int16), b.view(torch.int16)) for a, b in zip(tensors, outs))}
 
 
-def _worker(rank: int, world: int, store: str, layers: int, hidden: int, use_gpu: bool, codec_device: str,
-            results) -> None:
+def _worker(rank: int, world: int, init: str, layers: int, hidden: int, use_gpu: bool, codec_device: str,
+            out_dir: str) -> None:
+    """One rank: its results go to out_dir/rank<r>.json."""
+    results = {}
     device = torch.device("cuda", rank) if use_gpu else torch.device("cpu")
     if use_gpu:
         torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if use_gpu else "gloo", init_method=f"file://{store}", rank=rank,
-                            world_size=world)
+    dist.init_process_group("nccl" if use_gpu else "gloo", init_method=init, rank=rank, world_size=world)
     sd = state_dict(layers, hidden)
     dist.barrier()
     if rank == 0:  # 0. The codec alone, while rank 1 waits
@@ -135,24 +145,60 @@ def _worker(rank: int, world: int, store: str, layers: int, hidden: int, use_gpu
         results["allreduce_ratio"] = a["wire_bytes"] / a["raw_bytes"]
     comm.close()
     dist.destroy_process_group()
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+        json.dump(results, f)
+
+
+def _merged(out_dir: str) -> dict:
+    r = {}
+    for rank in (0, 1):
+        with open(os.path.join(out_dir, f"rank{rank}.json")) as f:
+            r.update(json.load(f))
+    return r
+
+
+def _on_link(args: list, out_dir: str) -> tuple:
+    """Both ranks in namespaces joined by a shaped link: (its description, its
+    measured limit), or (None, why not) where it cannot be built."""
+    why = netns.unavailable()
+    if why:
+        return None, why
+    try:
+        with netns.Link(2, gbit=float(os.environ.get("PZ_NETNS_GBIT", DEMO_GBIT))) as link:
+            measured = link.measure()
+            ranks = link.run([sys.executable, "-I", "-m", "portable_zip.demo", "_worker", json.dumps(args), out_dir],
+                             timeout=600)
+            if any(ranks.codes):
+                raise RuntimeError(f"a demo rank failed (exit codes {ranks.codes})")
+            return link.describe(), measured
+    except netns.LinkError as e:
+        return None, str(e)
 
 
 def run(layers: int = 4, hidden: int = 1024) -> int:
     gpus = torch.cuda.device_count() if torch.cuda.is_available() and pz.backend_info()["backend"] != "cpu" else 0
     use_gpu = gpus >= 2
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
-    store = tempfile.mkdtemp(prefix="pz-demo-")  # the ranks meet in a file: no port to pick
+    out_dir = tempfile.mkdtemp(prefix="pz-demo-")  # the ranks' results, and on loopback their rendezvous file
+    args = [layers, hidden, use_gpu, "cuda" if gpus else "cpu"]
     try:
-        with mp.Manager() as m:
-            results = m.dict()
-            mp.spawn(_worker, args=(2, os.path.join(store, "rendezvous"), layers, hidden, use_gpu,
-                                    "cuda" if gpus else "cpu", results), nprocs=2, join=True)
-            r = dict(results)
+        shaped, measured = (None, None) if use_gpu else _on_link(args, out_dir)
+        if shaped is None:
+            if measured:
+                print(f"portable_zip demo: no shaped link between namespaces ({measured}); running over loopback")
+            mp.spawn(_worker, args=(2, "file://" + os.path.join(out_dir, "rendezvous"), *args, out_dir), nprocs=2,
+                     join=True)
+        r = _merged(out_dir)
     finally:
-        shutil.rmtree(store, ignore_errors=True)
-    link = "NCCL between 2 GPUs" if use_gpu else "gloo between 2 CPU processes (loopback)"
+        shutil.rmtree(out_dir, ignore_errors=True)
     gb = 1e9
-    print(f"\nportable_zip demo over {link}")
+    if use_gpu:
+        print("\nportable_zip demo over NCCL between 2 GPUs")
+    elif shaped:
+        print(f"\nportable_zip demo over gloo between {shaped}")
+        print(f"  the link's limit, by plain TCP: {measured['gbit']:.2f} Gbit/s, round trip {measured['rtt_us']:.0f} us")
+    else:
+        print("\nportable_zip demo over gloo between 2 CPU processes (loopback)")
     raw = r["codec_raw"]
     print(f"  codec alone on {r['codec_on']}: {raw / gb:.3f} GB of bf16 weights, ratio "
           f"{r['codec_wire'] / raw:.4f}, bit-exact: {r['codec_exact']}")
@@ -161,14 +207,19 @@ def run(layers: int = 4, hidden: int = 1024) -> int:
     print(f"  weight sync: {r['tensors']} tensors of a {layers}-layer, hidden-{hidden} bf16 model")
     print(f"    raw bytes        {r['raw'] / gb:8.3f} GB")
     print(f"    wire bytes       {r['wire'] / gb:8.3f} GB   ratio {r['wire'] / r['raw']:.4f} (compressed/original)")
-    print(f"    torch.distributed {r['raw_s'] * 1e3:7.1f} ms   ({r['raw'] / r['raw_s'] / gb:.2f} GB/s)")
+    print(f"    torch.distributed {r['raw_s'] * 1e3:7.1f} ms   ({r['raw'] / r['raw_s'] / gb:.2f} GB/s"
+          + (f", {r['raw'] * 8 / r['raw_s'] / measured['gbit'] / gb:.0%} of the link)" if shaped else ")"))
     print(f"    pz.Communicator  {r['compressed_s'] * 1e3:8.1f} ms   ({r['raw'] / r['compressed_s'] / gb:.2f} GB/s effective,"
           f" speedup {r['raw_s'] / r['compressed_s']:.2f}x; codec time included)")
     print(f"    bit-exact on the receiver: {r['exact']}")
     ar = max(r["allreduce_s_0"], r["allreduce_s_1"])
     print(f"  all_reduce of 4M bf16 gradients: {ar * 1e3:.1f} ms, wire ratio {r['allreduce_ratio']:.4f}, "
           f"ranks bit-identical: {r['allreduce_identical']}")
-    if not use_gpu:
+    if not use_gpu and not shaped:
         print("  (on CPU the codec runs on the host cores and is slower than loopback; over a real network\n"
               "   or between GPUs the same code pays off: see README, Measured)")
     return 0 if r["codec_exact"] and r["exact"] and r["allreduce_identical"] else 1
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["_worker"]:  # one rank on the shaped link (_on_link)
+    _worker(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), "env://", *json.loads(sys.argv[2]), sys.argv[3])
