@@ -1,0 +1,162 @@
+"""FSDP2 communication hooks: lossless compressed all-gather and
+reduce-scatter on whatever backend the process group has (NCCL, RCCL, gloo).
+
+    m.set_custom_all_gather(pz.fsdp.AllGather())
+    m.set_custom_reduce_scatter(pz.fsdp.ReduceScatter())
+
+Each hook keeps one pz.Communicator per process group it is called with,
+made at its first call there. That is collective over the group, and safe,
+because FSDP2 calls a unit's hooks on every rank of its group in one order.
+The Communicators live as long as the hook (close() releases them sooner):
+a Communicator holds its group, so a group the hook still caches stays alive.
+"""
+from __future__ import annotations
+
+import inspect
+import weakref
+from typing import Optional, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+
+from .c10d.works import Work as _TorchWork
+from .comm import Communicator, ReduceOp
+
+try:  # torch's protocol classes (a private module of FSDP2; FSDP2 only calls allocate and __call__)
+    from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather as _AllGatherApi
+    from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter as _ReduceScatterApi
+except ImportError:  # pragma: no cover - torch without FSDP2's comm protocols
+    _AllGatherApi = _ReduceScatterApi = object
+
+_R = dist.ReduceOp.RedOpType
+_OURS = {_R.SUM: ReduceOp.SUM, _R.AVG: ReduceOp.AVG, _R.MIN: ReduceOp.MIN, _R.MAX: ReduceOp.MAX}
+_REDUCIBLE = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
+_MODES = ("auto", "always", "never")
+
+
+def reduction(op, dtype: torch.dtype, where: str) -> Tuple[ReduceOp, Optional[float]]:
+    """pz's reduction for torch's op on dtype, and PREMUL_SUM's factor (else
+    None); an op or dtype pz cannot reduce raises, naming both."""
+    kind = getattr(op, "op", op)  # a dist.ReduceOp object (PREMUL_SUM carries its factor) or a RedOpType
+    name = getattr(kind, "name", str(kind))
+    if dtype not in _REDUCIBLE:
+        raise TypeError(f"{where}: cannot reduce {dtype} with {name}: pz reduces bfloat16, float16, float32 "
+                        "and float64 tensors")
+    if kind == _R.PREMUL_SUM:
+        f = op.factor
+        return ReduceOp.SUM, f.item() if isinstance(f, torch.Tensor) else float(f)
+    if kind not in _OURS:
+        raise ValueError(f"{where}: reduction op {name} is not supported for {dtype}: pz serves SUM, AVG, MIN, "
+                         "MAX and PREMUL_SUM")
+    return _OURS[kind], None
+
+
+def premultiplied(t: torch.Tensor, factor: float) -> torch.Tensor:
+    """t * factor as NCCL's PreMulSum computes it: the factor rounded to t's
+    dtype (as torch hands it to NCCL), then one correctly rounded product
+    (torch computes 16-bit products in fp32, where they are exact)."""
+    return t * float(torch.tensor(factor, dtype=torch.float64).to(t.dtype))
+
+
+def merged_stats(comms) -> dict:
+    """Communicator.stats summed over several Communicators, per op."""
+    out: dict = {}
+    for c in comms:
+        for op, s in c.stats.items():
+            o = out.setdefault(op, {"calls": 0, "raw_bytes": 0, "wire_bytes": 0, "time_s": 0.0, "plans": {}})
+            for k in ("calls", "raw_bytes", "wire_bytes", "time_s"):
+                o[k] += s[k]
+            for plan, n in s["plans"].items():
+                o["plans"][plan] = o["plans"].get(plan, 0) + n
+    return out
+
+
+def check_options(compress: str, options: dict) -> None:
+    """Bad hook options raise when the hook is made, not at FSDP's first all-gather."""
+    if compress not in _MODES:
+        raise ValueError(f"compress must be 'auto', 'always' or 'never', got {compress!r}")
+    try:
+        inspect.signature(Communicator).bind(None, compress, **options)
+    except TypeError as e:
+        raise TypeError(f"a pz hook's options are pz.Communicator's: {e}") from None
+
+
+class _Hook:
+    """What both hooks share: options for pz.Communicator, a Communicator per
+    group (made at the first call with that group), FSDP2's allocate."""
+
+    def __init__(self, compress: str = "auto", **options):
+        check_options(compress, options)
+        self._options = {"compress": compress, **options}
+        self._comms: "weakref.WeakKeyDictionary[dist.ProcessGroup, Communicator]" = weakref.WeakKeyDictionary()
+
+    def communicator(self, group: dist.ProcessGroup, device: torch.device) -> Communicator:
+        """The Communicator of group (made now, collectively, if this is the first call with it)."""
+        c = self._comms.get(group)
+        if c is None:
+            c = self._comms[group] = Communicator(group, **{"device": device, **self._options})
+        return c
+
+    @property
+    def stats(self) -> dict:
+        """Communicator.stats of this hook's Communicators, summed per op."""
+        return merged_stats(list(self._comms.values()))
+
+    def close(self) -> None:
+        """Finish queued ops and release every Communicator (a later call makes a new one, collectively)."""
+        comms, self._comms = list(self._comms.values()), weakref.WeakKeyDictionary()
+        for c in comms:
+            c.close()
+
+    def allocate(self, size: Sequence[int], *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    @staticmethod
+    def _handle(work, out: torch.Tensor, async_op: bool):
+        # FSDP2 waits only on a torch.distributed Work (isinstance check), ordering its stream after the op's.
+        return _TorchWork([work], [out]) if async_op else None
+
+    def __repr__(self) -> str:
+        opts = ", ".join(f"{k}={v!r}" for k, v in self._options.items())
+        return f"pz.fsdp.{type(self).__name__}({opts})"
+
+
+class AllGather(_Hook, _AllGatherApi):
+    """FSDP2's parameter all-gather through pz.Communicator.all_gather_single.
+
+    compress: "auto" (the cost model picks torch's own op or the compressed
+    one per call), "always", "never"; the other options (max_sms, timeout,
+    transport, link_gbps, ...) are pz.Communicator's. Parameters of mixed
+    dtypes reach the hook as one uint8 buffer, which moves as raw bytes: the
+    hook cannot see where each dtype's segment lies, and coding bf16 bits as
+    another type would not compress them."""
+
+    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: dist.ProcessGroup,
+                 async_op: bool = False):
+        work = self.communicator(group, output_tensor.device).all_gather_single(output_tensor, input_tensor,
+                                                                               async_op=async_op)
+        return self._handle(work, output_tensor, async_op)
+
+
+class ReduceScatter(_Hook, _ReduceScatterApi):
+    """FSDP2's gradient reduce-scatter through pz.Communicator.reduce_scatter_single.
+
+    Ops: SUM, AVG, MIN, MAX, and PREMUL_SUM (FSDP2's gradient divide
+    factor), which premultiplies each rank's input as NCCL does and sums.
+    Sums are reduced in rank order, accumulating in fp32 (fp64 for fp64)
+    with one rounding, so every rank and every compress mode ends with the
+    same bits; these equal torch's where torch's order gives the same sum
+    (two ranks: a + b), and otherwise differ from NCCL's ring or tree order
+    by rounding. Other ops or dtypes raise, naming both."""
+
+    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: dist.ProcessGroup,
+                 op, async_op: bool = False):
+        red, factor = reduction(op, input_tensor.dtype, "pz.fsdp.ReduceScatter")
+        if factor is not None:
+            input_tensor = premultiplied(input_tensor, factor)
+        work = self.communicator(group, output_tensor.device).reduce_scatter_single(
+            output_tensor, input_tensor, op=red, async_op=async_op)
+        return self._handle(work, output_tensor, async_op)
+
+
+__all__ = ["AllGather", "ReduceScatter"]
