@@ -39,6 +39,8 @@ def _entry(rank, world, port, environ, backend, pg_timeout, fn, args, queue):
             backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= world else "gloo"
         if backend == "nccl":
             torch.cuda.set_device(rank)
+        if "pz" in backend:
+            import portable_zip  # noqa: F401  (registers the "pz" backend)
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=pg_timeout))
         queue.put((rank, "ok", fn(rank, world, *args)))
@@ -59,10 +61,10 @@ def _context(backend):
     (MALLOC_MMAP_THRESHOLD_, OMP_NUM_THREADS); settings read at run time
     follow the caller's. Other backends spawn a fresh interpreter, as CUDA
     wants."""
-    if backend != "gloo":
+    if backend not in ("gloo", "pz"):
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "torch.distributed", "numpy"])
+    ctx.set_forkserver_preload(["torch", "torch.distributed", "numpy"] + (["portable_zip"] if backend == "pz" else []))
     return ctx
 
 

@@ -1,0 +1,271 @@
+"""Per-rank bodies of the pz backend's tests: every op torch.distributed has,
+called through dist.* on a "pz" group, against the same call on a plain
+gloo group with the same inputs (importable by spawned processes)."""
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+import portable_zip as pz
+from portable_zip.c10d import Options
+from conftest import same_bits as same
+
+MODES = ("auto", "always", "never")
+MOVED = (torch.bfloat16, torch.float16, torch.float32, torch.int64, torch.float8_e4m3fn)
+REDUCED = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def data(seed, rank, case, numel, dtype):
+    """What `rank` contributes to `case`: fresh per seed, different per rank and case."""
+    rng = np.random.default_rng([seed, rank, case])
+    if dtype == torch.float8_e4m3fn:
+        return torch.from_numpy(rng.uniform(-1, 1, numel).astype(np.float32)).to(dtype)
+    if dtype in (torch.int64, torch.int32):
+        return torch.from_numpy(rng.integers(-1000, 1000, numel)).to(dtype)
+    return torch.from_numpy(rng.standard_normal(numel, dtype=np.float32) * 0.02).to(dtype)
+
+
+class Checker:
+    def __init__(self):
+        self.n, self.bad = 0, []
+
+    def __call__(self, ok, what):
+        self.n += 1
+        if not ok:
+            self.bad.append(what)
+
+
+def every_op(rank, world, seed, numel):
+    """Each op on a "pz" group in each mode, beside the gloo group's result.
+    Returns (checks run, failures, digests of the reductions per mode)."""
+    ref = dist.new_group(backend="gloo")
+    groups = {m: dist.new_group(backend="pz", pg_options=Options(compress=m)) for m in MODES}
+    check = Checker()
+    digests = {m: [] for m in MODES}
+    for mode, g in groups.items():
+        case = 0  # each mode moves the same tensors: their results must be the same bytes
+        for dtype in MOVED:
+            case += 1
+            n = numel + case  # a different odd-ish size per case
+            mine = data(seed, rank, case, n, dtype)
+            for async_op in (False, True):
+                # broadcast, from a different root each time
+                src = (case + async_op) % world
+                t = data(seed, src, case, n, dtype) if rank == src else torch.empty(n, dtype=dtype)
+                w = dist.broadcast(t, src, group=g, async_op=async_op)
+                _finish(w, async_op, check, f"broadcast {mode} {dtype}")
+                check(same(t, data(seed, src, case, n, dtype)), f"broadcast {mode} {dtype} async={async_op}")
+                # all_gather_into_tensor and the list form
+                out = torch.empty(world * n, dtype=dtype)
+                _finish(dist.all_gather_into_tensor(out, mine, group=g, async_op=async_op), async_op, check, "ag")
+                want = torch.cat([data(seed, r, case, n, dtype) for r in range(world)])
+                check(same(out, want), f"all_gather_into_tensor {mode} {dtype} async={async_op}")
+                outs = [torch.empty(n, dtype=dtype) for _ in range(world)]
+                _finish(dist.all_gather(outs, mine, group=g, async_op=async_op), async_op, check, "agl")
+                check(same(torch.cat(outs), want), f"all_gather {mode} {dtype} async={async_op}")
+            # all_to_all_single with uneven splits (rows of 3), and the list form
+            splits = [[(i * 7 + j * 3 + case) % 5 for j in range(world)] for i in range(world)]
+            inp = data(seed, rank, case, sum(splits[rank]) * 3, dtype).reshape(-1, 3)
+            out = torch.empty(sum(splits[j][rank] for j in range(world)), 3, dtype=dtype)
+            dist.all_to_all_single(out, inp, [splits[j][rank] for j in range(world)], splits[rank], group=g)
+            want = torch.cat([data(seed, j, case, sum(splits[j]) * 3, dtype).reshape(-1, 3)
+                              [sum(splits[j][:rank]): sum(splits[j][:rank + 1])] for j in range(world)])
+            check(same(out, want), f"all_to_all_single uneven {mode} {dtype}")
+            ins = list(torch.split(inp, splits[rank]))
+            ins = [x.contiguous() for x in ins]
+            outs = [torch.empty(splits[j][rank], 3, dtype=dtype) for j in range(world)]
+            dist.all_to_all(outs, ins, group=g)
+            check(same(torch.cat(outs), want), f"all_to_all list {mode} {dtype}")
+            # send/recv in a ring, isend/irecv and batch_isend_irecv
+            nxt, prv = (rank + 1) % world, (rank - 1) % world
+            got = torch.empty(n, dtype=dtype)
+            ops = [dist.P2POp(dist.isend, mine, nxt, g), dist.P2POp(dist.irecv, got, prv, g)]
+            for w in dist.batch_isend_irecv(ops):
+                w.wait()
+            check(same(got, data(seed, prv, case, n, dtype)), f"batch_isend_irecv {mode} {dtype}")
+            got2 = torch.empty(n, dtype=dtype)
+            if rank % 2 == 0:
+                dist.send(mine, nxt, group=g)
+                dist.recv(got2, prv, group=g)
+            else:
+                dist.recv(got2, prv, group=g)
+                dist.send(mine, nxt, group=g)
+            check(same(got2, data(seed, prv, case, n, dtype)), f"send/recv {mode} {dtype}")
+            if dtype == torch.float8_e4m3fn:
+                continue  # gloo moves no fp8: the forwarded ops below would fail in gloo itself
+            # forwarded ops: gather, scatter (bit-identical to the inputs)
+            dst = case % world
+            gl = [torch.empty(n, dtype=dtype) for _ in range(world)] if rank == dst else None
+            dist.gather(mine, gl, dst=dst, group=g)
+            if rank == dst:
+                check(same(torch.cat(gl), torch.cat([data(seed, r, case, n, dtype) for r in range(world)])),
+                      f"gather {mode} {dtype}")
+            got3 = torch.empty(n, dtype=dtype)
+            sl = [data(seed, dst, case * 100 + r, n, dtype) for r in range(world)] if rank == dst else None
+            dist.scatter(got3, sl, src=dst, group=g)
+            check(same(got3, data(seed, dst, case * 100 + rank, n, dtype)), f"scatter {mode} {dtype}")
+        for dtype in REDUCED:
+            for op in (dist.ReduceOp.SUM, dist.ReduceOp.MIN, dist.ReduceOp.MAX, dist.ReduceOp.AVG,
+                       dist.ReduceOp.PRODUCT):
+                case += 1
+                n = numel + case
+                mine = data(seed, rank, case, n, dtype)
+                t = mine.clone()
+                w = dist.all_reduce(t, op=op, group=g, async_op=True)
+                fut = w.get_future()
+                w.wait()
+                check(w.is_completed() and fut.value()[0] is t, f"all_reduce Work/future {mode} {dtype} {op}")
+                digests[mode].append(("all_reduce", t.view(torch.uint8).clone()))
+                every = [data(seed, r, case, n, dtype) for r in range(world)]
+                _reduced(check, t, mine, every, op, ref, f"all_reduce {mode} {dtype} {op}", mode)
+                # reduce_scatter_tensor and the list form
+                full = [data(seed, r, case * 10, world * n, dtype) for r in range(world)]
+                if op == dist.ReduceOp.PRODUCT:
+                    continue  # reduce_scatter's PRODUCT is forwarded like all_reduce's: checked above
+                out = torch.empty(n, dtype=dtype)
+                dist.reduce_scatter_tensor(out, full[rank].clone(), op=op, group=g)
+                digests[mode].append(("reduce_scatter", out.view(torch.uint8).clone()))
+                _reduced(check, out, None, [f[rank * n:(rank + 1) * n] for f in full], op, None,
+                         f"reduce_scatter_tensor {mode} {dtype} {op}", mode)
+                out2 = torch.empty(n, dtype=dtype)
+                dist.reduce_scatter(out2, [c.clone() for c in full[rank].split(n)], op=op, group=g)
+                check(same(out, out2), f"reduce_scatter list == tensor form {mode} {dtype} {op}")
+        # reduce (forwarded), barrier, object collectives
+        t = data(seed, rank, 999, numel, torch.float32)
+        dist.reduce(t, dst=0, op=dist.ReduceOp.MAX, group=g)
+        if rank == 0:
+            want = torch.stack([data(seed, r, 999, numel, torch.float32) for r in range(world)]).max(0).values
+            check(same(t, want), f"reduce {mode}")
+        dist.barrier(group=g)
+        objs = [None] * world
+        dist.all_gather_object(objs, {"rank": rank, "seed": seed, "mode": mode}, group=g)
+        check(objs == [{"rank": r, "seed": seed, "mode": mode} for r in range(world)], f"all_gather_object {mode}")
+        lst = [{"from": 0, "k": seed}] if rank == 0 else [None]
+        dist.broadcast_object_list(lst, src=0, group=g)
+        check(lst == [{"from": 0, "k": seed}], f"broadcast_object_list {mode}")
+        gathered = [None] * world if rank == 0 else None
+        dist.gather_object(("r", rank), gathered, dst=0, group=g)
+        if rank == 0:
+            check(gathered == [("r", r) for r in range(world)], f"gather_object {mode}")
+        got = [None]
+        dist.scatter_object_list(got, [[r, seed] for r in range(world)] if rank == 0 else None, src=0, group=g)
+        check(got == [[rank, seed]], f"scatter_object_list {mode}")
+    stats = {m: g.stats for m, g in groups.items()}
+    compressed = sum(s["wire_bytes"] < s["raw_bytes"] for st in stats["always"].values() for s in st.values()
+                     if s["raw_bytes"])
+    check(compressed > 0, f"compress='always' sent nothing compressed: {stats['always']}")
+    never_coded = [op for st in stats["never"].values() for op, s in st.items() if "compressed" in s["plans"]]
+    check(not never_coded, f"compress='never' coded {never_coded}")
+    for g in groups.values():
+        dist.destroy_process_group(g)
+    return check.n, check.bad, {m: [(k, d.numpy().tobytes()) for k, d in ds] for m, ds in digests.items()}
+
+
+def _finish(w, async_op, check, what):
+    if async_op:
+        check(w is not None, f"{what}: async_op=True returned no Work")
+        w.wait()
+        check(w.is_completed(), f"{what}: not completed after wait()")
+    else:
+        check(w is None, f"{what}: async_op=False returned {w!r}")
+
+
+def _reduced(check, got, mine, every, op, ref_group, what, mode):
+    """PRODUCT is forwarded: gloo's own bytes for the same inputs. MIN and
+    MAX are exact. SUM and AVG: pz's plans (always, never) round once, from
+    fp32 sums in rank order; auto may run gloo's own, which rounds at each of
+    its world - 1 steps (docs/DROPIN.md)."""
+    if op == dist.ReduceOp.PRODUCT:
+        want = mine.clone()
+        dist.all_reduce(want, op=op, group=ref_group)
+        check(same(got, want), what)
+        return
+    stack = torch.stack([e.double() for e in every])
+    if op == dist.ReduceOp.MIN:
+        check(same(got, stack.min(0).values.to(got.dtype)), what)
+    elif op == dist.ReduceOp.MAX:
+        check(same(got, stack.max(0).values.to(got.dtype)), what)
+    else:
+        want = stack.sum(0) / (len(every) if op == dist.ReduceOp.AVG else 1)
+        eps = {torch.bfloat16: 2 ** -8, torch.float16: 2 ** -11, torch.float32: 2 ** -24}[got.dtype]
+        err = (got.double() - want).abs()
+        mass = stack.abs().sum(0)
+        if mode == "auto":  # a rounding of each partial sum, each at most the inputs' mass
+            bound = mass * eps * (len(every) - 1)
+        else:  # one rounding of the result, plus fp32 accumulation's (far smaller)
+            bound = want.abs() * eps * 1.001 + mass * 2 ** -22
+        floor = torch.finfo(got.dtype).smallest_normal * eps  # half a subnormal step
+        bad = err > bound + floor
+        check(not bool(bad.any()), f"{what}: {int(bad.sum())} values off, e.g. {got[bad][:3].tolist()} "
+                                   f"for {want[bad][:3].tolist()}")
+
+
+def mismatch(rank, world, kind):
+    """A program whose ranks disagree: every rank must raise, none may hang."""
+    g = dist.new_group(backend="pz", pg_options=Options(compress="always", timeout=10.0))
+    t0 = time.monotonic()
+    try:
+        if kind == "size":
+            t = torch.zeros(1000 + 7 * (rank == 1), dtype=torch.bfloat16)
+            dist.broadcast(t, 0, group=g)
+        elif kind == "dtype":
+            t = torch.zeros(1000, dtype=torch.bfloat16 if rank else torch.float16)
+            dist.all_reduce(t, group=g)
+        elif kind == "split":
+            out = torch.empty(world, dtype=torch.float32)
+            inp = torch.ones(world, dtype=torch.float32)
+            splits = [1] * world if rank else [2] + [1] * (world - 2) + [0]
+            dist.all_to_all_single(out, inp, None, splits, group=g)
+        return ("no error", time.monotonic() - t0)
+    except Exception as e:  # noqa: BLE001
+        return (type(e).__name__, time.monotonic() - t0, str(e)[:300])
+
+
+def killed_rank(rank, world, victim):
+    """The victim dies before its part of an all_reduce; survivors must raise within the timeout."""
+    g = dist.new_group(backend="pz", pg_options=Options(compress="always", timeout=5.0))
+    t = data(1, rank, 1, 50_000, torch.bfloat16)
+    dist.all_reduce(t.clone(), group=g)  # everyone alive: the Communicator exists
+    if rank == victim:
+        os._exit(17)
+    t0 = time.monotonic()
+    try:
+        dist.all_reduce(t, group=g)
+        return ("no error", time.monotonic() - t0)
+    except Exception as e:  # noqa: BLE001
+        return (type(e).__name__, time.monotonic() - t0, str(e)[:300])
+
+
+def reinit(rank, world, port):
+    """destroy_process_group, then a fresh "pz" world on a new port: both work."""
+    import datetime
+    out = []
+    for round_ in range(2):
+        if round_:
+            dist.init_process_group("pz", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                                    timeout=datetime.timedelta(seconds=60))
+        t = data(round_, rank, 5, 30_000, torch.bfloat16)
+        dist.all_reduce(t)
+        every = torch.stack([data(round_, r, 5, 30_000, torch.bfloat16).double() for r in range(world)]).sum(0)
+        out.append(bool(((t.double() - every).abs() <= every.abs() * 2 ** -8 * 1.01 + 1e-30).all()))
+        out.append(str(dist.get_backend()))
+        dist.destroy_process_group()
+    return out
+
+
+def unserved(rank, world):
+    """What the backend cannot serve raises, naming the op or the option."""
+    errs = []
+    try:
+        dist.recv(torch.empty(4), src=None)
+    except Exception as e:  # noqa: BLE001
+        errs.append(f"{type(e).__name__}: {e}")
+    try:
+        dist.new_group(backend="pz", pg_options={"compress": "always"})
+    except Exception as e:  # noqa: BLE001
+        errs.append(f"{type(e).__name__}: {e}")
+    return errs

@@ -1,0 +1,75 @@
+"""The "pz" torch.distributed backend on gloo: every op through dist.* at
+2, 3 and 4 ranks in every mode, against torch's own results; mismatches,
+a killed rank, destroy and re-init."""
+import numpy as np
+import pytest
+import torch.distributed as dist
+
+import backend_workers
+from harness.ranks import free_port, run_ranks
+
+ENV = {"OMP_NUM_THREADS": "1", "PZ_CHECK_PLANS": "1"}
+
+
+def run(world, fn, *args, deadline=300.0, env=None):
+    return run_ranks(world, fn, *args, env={**ENV, **(env or {})}, backend="pz", deadline=deadline, pg_timeout=120.0)
+
+
+def ok(results):
+    bad = {r: v for r, v in results.items() if v[0] != "ok"}
+    assert not bad, "\n".join(f"rank {r}: {s}: {v}" for r, (s, v) in bad.items())
+    return {r: v[1] for r, v in results.items()}
+
+
+def test_registered_on_import():
+    import portable_zip  # noqa: F401
+    assert "pz" in dist.Backend.backend_list and dist.Backend("pz") == "pz"
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_every_op_every_mode(world):
+    seed = int(np.random.default_rng().integers(0, 2**31))  # fresh inputs every run
+    numel = int(np.random.default_rng().integers(3000, 9000))
+    res = ok(run(world, backend_workers.every_op, seed, numel, deadline=600))
+    for r, (n, bad, digests) in res.items():
+        assert not bad, f"seed {seed} rank {r}: {len(bad)} of {n} checks failed: {bad[:8]}"
+        assert n > 100, n
+        # compression changes no bit: compress="never" and "always" give the same bytes
+        assert digests["never"] == digests["always"], f"seed {seed} rank {r}"
+        if world == 2:  # auto too, where torch's own reduction rounds once like pz's
+            assert digests["auto"] == digests["never"], f"seed {seed} rank {r}"
+    # every rank holds the same all_reduce bytes
+    first = [d for k, d in res[0][2]["always"] if k == "all_reduce"]
+    assert first and all([d for k, d in res[r][2]["always"] if k == "all_reduce"] == first for r in res), seed
+
+
+@pytest.mark.parametrize("kind", ["size", "dtype", "split"])
+def test_mismatch_raises_on_every_rank(kind):
+    res = ok(run(3, backend_workers.mismatch, kind, deadline=120))
+    for r, v in res.items():
+        assert v[0] in ("MismatchError", "PeerError", "PeerTimeout"), (r, v)
+        assert v[1] < 30, (r, v)
+    assert any(v[0] == "MismatchError" for v in res.values()), res
+
+
+def test_killed_rank_raises_on_survivors():
+    res = run(3, backend_workers.killed_rank, 2, deadline=120)
+    for r in (0, 1):
+        assert res[r][0] == "ok", res[r]
+        kind, elapsed = res[r][1][:2]
+        assert kind in ("PeerError", "PeerTimeout"), res[r]
+        assert elapsed < 30, res[r]
+
+
+def test_destroy_and_reinit():
+    res = ok(run(2, backend_workers.reinit, free_port(), deadline=180))
+    for v in res.values():
+        assert v == [True, "pz", True, "pz"], v
+
+
+def test_unserved_ops_raise_clearly():
+    res = ok(run(2, backend_workers.unserved, deadline=120))
+    for errs in res.values():
+        assert len(errs) == 2, errs
+        assert "recv from any source" in errs[0], errs
+        assert "pg_options must be portable_zip.c10d.Options" in errs[1], errs
