@@ -269,3 +269,13 @@ def unserved(rank, world):
     except Exception as e:  # noqa: BLE001
         errs.append(f"{type(e).__name__}: {e}")
     return errs
+
+
+def device_map(rank, world):
+    """Under "cpu:gloo,cuda:pz" CPU tensors are gloo's alone; under "cpu:pz" they are ours."""
+    pg = dist.group.WORLD
+    t = data(3, rank, 3, 40_000, torch.bfloat16)
+    dist.all_reduce(t)
+    want = torch.stack([data(3, r, 3, 40_000, torch.bfloat16).double() for r in range(world)]).sum(0)
+    close = bool(((t.double() - want).abs() <= want.abs() * 2 ** -8 * 1.001 + 1e-30).all())
+    return type(pg).__name__, sorted(pg.devices), sorted(pg.stats), close

@@ -1,6 +1,10 @@
 """The "pz" torch.distributed backend on gloo: every op through dist.* at
 2, 3 and 4 ranks in every mode, against torch's own results; mismatches,
 a killed rank, destroy and re-init."""
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch.distributed as dist
@@ -73,3 +77,20 @@ def test_unserved_ops_raise_clearly():
         assert len(errs) == 2, errs
         assert "recv from any source" in errs[0], errs
         assert "pg_options must be portable_zip.c10d.Options" in errs[1], errs
+
+
+@pytest.mark.parametrize("spec,devices,served", [("cpu:gloo,cuda:pz", ["cuda"], []), ("cpu:pz", ["cpu"], ["cpu"])])
+def test_device_map(spec, devices, served):
+    res = ok(run_ranks(2, backend_workers.device_map, env=ENV, backend=spec, deadline=180, pg_timeout=60.0))
+    for v in res.values():
+        assert v == ("ProcessGroupPZ", devices, served, True), v
+
+
+def test_torch_import_registers_the_backend():
+    """The wheel's "torch.backends" entry point: `import torch` alone registers pz."""
+    code = "import sys, torch.distributed as d; print('pz' in d.Backend.backend_list, 'portable_zip' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd="/")
+    assert out.stdout.split() == ["True", "True"], out
+    off = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd="/",
+                         env={**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
+    assert off.stdout.split() == ["False", "False"], off
