@@ -20,7 +20,7 @@ plain TCP sockets from host 0 to host 1: the limit benchmarks compare against.
 Each rank's process runs in its host's namespace in a UTS namespace of its
 own named pz-host-<i> (so domains="host" sees hosts), with RANK, WORLD_SIZE,
 LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR (host 0), MASTER_PORT (torch's env://
-init), GLOO_SOCKET_IFNAME and FI_TCP_IFACE (gloo and libfabric's tcp provider
+init), GLOO_SOCKET_IFNAME, FI_TCP_IFACE and FI_SOCKETS_IFACE (gloo and libfabric
 bind to pzlink, not loopback), PZ_NETNS_HOST and PZ_NETNS_ADDRS. Output lines
 come back prefixed with the rank. Every wait is bounded; the namespaces and
 every process started in them are removed on exit, signals included.
@@ -222,7 +222,7 @@ class Link:
         return {"RANK": str(host * per_host + local), "WORLD_SIZE": str(self.hosts * per_host),
                 "LOCAL_RANK": str(local), "LOCAL_WORLD_SIZE": str(per_host), "MASTER_ADDR": self.addrs[0],
                 "MASTER_PORT": str(port), "GLOO_SOCKET_IFNAME": IFNAME, "FI_TCP_IFACE": IFNAME,
-                "PZ_NETNS_HOST": str(host), "PZ_NETNS_ADDRS": ",".join(self.addrs)}
+                "FI_SOCKETS_IFACE": IFNAME, "PZ_NETNS_HOST": str(host), "PZ_NETNS_ADDRS": ",".join(self.addrs)}
 
     def run(self, cmd: Sequence[str], per_host: int = 1, timeout: float = 600.0, grace: float = 15.0,
             env: Optional[Dict[str, str]] = None, echo: bool = True) -> "Ranks":
@@ -269,7 +269,8 @@ class Ranks:
 
     def __init__(self, echo: bool):
         self.procs: List[subprocess.Popen] = []
-        self.lines: List[str] = []
+        self.lines: List[str] = []  # every rank's, prefixed, as they came
+        self.out: List[List[str]] = []  # each rank's own
         self._echo = echo
         self._threads: List[threading.Thread] = []
         self._lock = threading.Lock()
@@ -278,14 +279,17 @@ class Ranks:
     def add(self, p: subprocess.Popen) -> None:
         rank = len(self.procs)
         self.procs.append(p)
+        self.out.append([])
         t = threading.Thread(target=self._read, args=(rank, p), daemon=True)
         t.start()
         self._threads.append(t)
 
     def _read(self, rank: int, p: subprocess.Popen) -> None:
         for raw in p.stdout:  # what a terminal would show of the line: progress bars redraw after \r
-            line = f"[rank {rank}] {raw.decode(errors='replace').rstrip().rsplit(chr(13), 1)[-1]}"
+            text = raw.decode(errors="replace").rstrip().rsplit("\r", 1)[-1]
+            line = f"[rank {rank}] {text}"
             with self._lock:
+                self.out[rank].append(text)
                 self.lines.append(line)
                 if self._echo:
                     print(line, flush=True)
@@ -314,7 +318,12 @@ class Ranks:
 
     def results(self) -> List[dict]:
         """The JSON each rank printed after _MARK, in rank order."""
-        return [json.loads(l.split(_MARK, 1)[1]) for l in self.lines if _MARK in l]
+        return [json.loads(l[len(_MARK):]) for out in self.out for l in out if l.startswith(_MARK)]
+
+
+def report(result: dict) -> None:
+    """A rank's result, for Ranks.results() in the process that ran it."""
+    print(_MARK + json.dumps(result), flush=True)
 
 
 def _probe(seconds: float, limit: int) -> None:
@@ -339,7 +348,7 @@ def _probe(seconds: float, limit: int) -> None:
                     break
                 t0 = t0 or time.perf_counter()
                 n += k
-            print(_MARK + json.dumps({"bytes": n, "seconds": time.perf_counter() - (t0 or 0)}), flush=True)
+            report({"bytes": n, "seconds": time.perf_counter() - (t0 or 0)})
         return
     if host != 0:
         return
@@ -368,7 +377,7 @@ def _probe(seconds: float, limit: int) -> None:
             sent += min(len(data), limit - sent)
         conn.shutdown(socket.SHUT_WR)
         conn.recv(1)  # host 1 closes once it has counted everything
-    print(_MARK + json.dumps({"rtt_us": sorted(rtts)[len(rtts) // 2] * 1e6}), flush=True)
+    report({"rtt_us": sorted(rtts)[len(rtts) // 2] * 1e6})
 
 
 def main(argv=None) -> int:
