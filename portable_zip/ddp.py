@@ -8,8 +8,7 @@ It is torch's allreduce_hook (default_hooks.py) with the all-reduce going
 through a pz.Communicator: the bucket is divided by the group size first,
 then summed, and the future's value is the bucket.
 """
-from __future__ import annotations
-
+# No `from __future__ import annotations`: DDP compares the hook's annotations with the real types.
 from typing import Optional
 
 import torch
@@ -43,7 +42,7 @@ class DDPHookState:
         self.communicator.close()
 
 
-def ddp_comm_hook(state: DDPHookState, bucket: dist.GradBucket) -> torch.futures.Future:
+def ddp_comm_hook(state: DDPHookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """Average the bucket over the group, as torch's allreduce_hook does
     (divide by the group size, then sum), through state's Communicator.
 

@@ -58,11 +58,11 @@ def premultiplied(t: torch.Tensor, factor: float) -> torch.Tensor:
     return t * float(torch.tensor(factor, dtype=torch.float64).to(t.dtype))
 
 
-def merged_stats(comms) -> dict:
-    """Communicator.stats summed over several Communicators, per op."""
+def merged_stats(stats) -> dict:
+    """Several Communicator.stats dicts summed, per op."""
     out: dict = {}
-    for c in comms:
-        for op, s in c.stats.items():
+    for st in stats:
+        for op, s in st.items():
             o = out.setdefault(op, {"calls": 0, "raw_bytes": 0, "wire_bytes": 0, "time_s": 0.0, "plans": {}})
             for k in ("calls", "raw_bytes", "wire_bytes", "time_s"):
                 o[k] += s[k]
@@ -100,7 +100,7 @@ class _Hook:
     @property
     def stats(self) -> dict:
         """Communicator.stats of this hook's Communicators, summed per op."""
-        return merged_stats(list(self._comms.values()))
+        return merged_stats(c.stats for c in list(self._comms.values()))
 
     def close(self) -> None:
         """Finish queued ops and release every Communicator (a later call makes a new one, collectively)."""

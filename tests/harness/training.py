@@ -1,0 +1,238 @@
+"""A real training loop for comparing data-parallel wrappings bit for bit: a
+small causal transformer built in code (seeded, no downloads), a synthetic
+token stream per rank, AdamW, and per-step fingerprints of the full
+parameters (sharded ones gathered), run on every rank.
+
+    results = run_training(world, [Run("ddp"), Run("ddp_hook", compress="always")])
+
+Wrappings are looked up by name in WRAPPINGS (add one with @wrapping); the
+process group's backend is run_training's backend= (run_ranks'), so the same
+runs serve torch's gloo/NCCL and other torch.distributed backends."""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from typing import Callable, Dict, List, Optional
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .ranks import run_ranks
+
+VOCAB, D_MODEL, HEADS, LAYERS, FF, SEQ, BATCH = 128, 64, 4, 2, 256, 16, 4
+BUCKET_MB = 0.1  # DDP buckets of ~100 KB: several per step, so hooks overlap and complete out of step
+
+
+class Block(nn.Module):
+    """Pre-norm causal self-attention and MLP."""
+
+    def __init__(self):
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(D_MODEL), nn.LayerNorm(D_MODEL)
+        self.qkv, self.proj = nn.Linear(D_MODEL, 3 * D_MODEL), nn.Linear(D_MODEL, D_MODEL)
+        self.fc1, self.fc2 = nn.Linear(D_MODEL, FF), nn.Linear(FF, D_MODEL)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, HEADS, d // HEADS).permute(2, 0, 3, 1, 4)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+
+class TinyLM(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, D_MODEL)
+        self.pos = nn.Parameter(torch.randn(SEQ, D_MODEL) * 0.02)
+        self.blocks = nn.ModuleList(Block() for _ in range(LAYERS))
+        self.ln_f = nn.LayerNorm(D_MODEL)
+        self.head = nn.Linear(D_MODEL, VOCAB, bias=False)
+
+    def forward(self, tokens):
+        x = self.embed(tokens) + self.pos[: tokens.shape[1]]
+        for blk in self.blocks:
+            x = blk(x)
+        return self.head(self.ln_f(x))
+
+
+def build_model(seed: int, device: str) -> TinyLM:
+    torch.manual_seed(seed)
+    return TinyLM().to(device)
+
+
+def batch(seed: int, rank: int, step: int, device: str):
+    """Rank's tokens of a step: affine sequences x' = (a x + c) mod VOCAB with
+    10% noise, so the loss falls; (inputs, targets)."""
+    g = torch.Generator().manual_seed(seed * 1_000_003 + rank * 10_007 + step)
+    a = torch.randint(1, 8, (BATCH, 1), generator=g) * 2 + 1
+    c = torch.randint(0, VOCAB, (BATCH, 1), generator=g)
+    x = torch.empty(BATCH, SEQ + 1, dtype=torch.long)
+    x[:, 0] = torch.randint(0, VOCAB, (BATCH,), generator=g)
+    for t in range(SEQ):
+        x[:, t + 1] = (a[:, 0] * x[:, t] + c[:, 0]) % VOCAB
+    noise = torch.rand(x.shape, generator=g) < 0.1
+    x = torch.where(noise, torch.randint(0, VOCAB, x.shape, generator=g), x)
+    return x[:, :-1].to(device), x[:, 1:].to(device)
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """One training run. wrapping: a WRAPPINGS name; compress: the hooks'
+    mode; param_dtype/reduce_dtype: FSDP2's MixedPrecisionPolicy;
+    divide_factor: FSDP2's set_gradient_divide_factor; force_sum: its
+    set_force_sum_reduction_for_comms (SUM on the wire, divided after); values: return the
+    parameters after each step too (from rank 0 only: replicas are compared
+    by fingerprint)."""
+    wrapping: str
+    compress: str = "auto"
+    steps: int = 20
+    seed: int = 0
+    device: str = "cpu"
+    param_dtype: Optional[torch.dtype] = None
+    reduce_dtype: Optional[torch.dtype] = None
+    divide_factor: Optional[float] = None
+    force_sum: bool = False
+    values: bool = True
+
+
+@dataclasses.dataclass
+class Wrapped:
+    module: nn.Module
+    stats: Callable[[], dict]  # the hooks' Communicator stats ({} without hooks)
+    close: Callable[[], None] = lambda: None
+
+
+WRAPPINGS: Dict[str, Callable[[nn.Module, Run], Wrapped]] = {}
+
+
+def wrapping(name: str):
+    def register(fn):
+        WRAPPINGS[name] = fn
+        return fn
+    return register
+
+
+@wrapping("ddp")
+def _ddp(model, run):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    return Wrapped(DDP(model, bucket_cap_mb=BUCKET_MB), dict)
+
+
+@wrapping("ddp_hook")
+def _ddp_hook(model, run):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from portable_zip.ddp import DDPHookState, ddp_comm_hook
+    m, state = DDP(model, bucket_cap_mb=BUCKET_MB), DDPHookState(compress=run.compress)
+    m.register_comm_hook(state, ddp_comm_hook)
+    return Wrapped(m, lambda: state.stats, state.close)
+
+
+def _sharded(model, run, mesh, hooks: bool) -> Wrapped:
+    """fully_shard on each block, then the root; with hooks, pz's on every unit."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from portable_zip import fsdp
+    mp = MixedPrecisionPolicy(param_dtype=run.param_dtype, reduce_dtype=run.reduce_dtype)
+    units = [fully_shard(b, mesh=mesh, mp_policy=mp) for b in model.blocks]
+    units.append(fully_shard(model, mesh=mesh, mp_policy=mp))
+    ag, rs = (fsdp.AllGather(compress=run.compress), fsdp.ReduceScatter(compress=run.compress)) if hooks else (None, None)
+    for u in units:
+        u.set_force_sum_reduction_for_comms(run.force_sum)
+        if run.divide_factor is not None:
+            u.set_gradient_divide_factor(run.divide_factor)
+        if hooks:
+            u.set_custom_all_gather(ag)
+            u.set_custom_reduce_scatter(rs)
+    if not hooks:
+        return Wrapped(model, dict)
+    return Wrapped(model, lambda: fsdp.merged_stats([ag.stats, rs.stats]),
+                   lambda: (ag.close(), rs.close()))
+
+
+def _mesh(run, shape, names=None):
+    from torch.distributed.device_mesh import init_device_mesh
+    return init_device_mesh(torch.device(run.device).type, shape, mesh_dim_names=names)
+
+
+for _name, _hooks in (("fsdp", False), ("fsdp_hook", True)):
+    wrapping(_name)(lambda model, run, h=_hooks: _sharded(model, run, _mesh(run, (dist.get_world_size(),)), h))
+for _name, _hooks in (("hsdp", False), ("hsdp_hook", True)):
+    # 2 shards per replica: the replicate all-reduce is FSDP2's own dist.all_reduce (no hook replaces it).
+    wrapping(_name)(lambda model, run, h=_hooks: _sharded(
+        model, run, _mesh(run, (dist.get_world_size() // 2, 2), ("replicate", "shard")), h))
+
+
+def full_parameters(model: nn.Module) -> List[torch.Tensor]:
+    """Every parameter whole, in registration order. DTensor shards travel in
+    one all_gather_object for all of them (a collective; one full_tensor per
+    parameter would be ~40 collectives a step)."""
+    params = [p.detach() for p in model.parameters()]
+    if not any(hasattr(p, "to_local") for p in params):
+        return [p.cpu().contiguous() for p in params]
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, [p.to_local().cpu().contiguous() for p in params])
+    return [_whole(p, [e[i] for e in every]) for i, p in enumerate(params)]
+
+
+def _whole(p, shards: List[torch.Tensor]) -> torch.Tensor:
+    """p's full value from every global rank's local shard: replicated mesh
+    dims read at coordinate 0, the one sharded dim concatenated in mesh order."""
+    mesh, places = p.device_mesh.mesh, p.placements
+    sharded = [pl for pl in places if pl.is_shard()]
+    if len(sharded) > 1:
+        raise ValueError(f"parameter with placements {places}: one sharded mesh dim supported")
+    ranks = mesh[tuple(slice(None) if pl.is_shard() else 0 for pl in places)].reshape(-1).tolist()
+    if not sharded:
+        return shards[ranks[0]]
+    return torch.cat([shards[r] for r in ranks], dim=sharded[0].dim)
+
+
+def fingerprint(params: List[torch.Tensor]) -> str:
+    h = hashlib.sha256()
+    for t in params:
+        h.update(str(t.dtype).encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def train_one(rank: int, run: Run) -> dict:
+    """run on this rank: {"fingerprints", "losses", "values" (rank 0: fp32 numpy, per step), "stats"}."""
+    model = build_model(run.seed, run.device)
+    w = WRAPPINGS[run.wrapping](model, run)
+    opt = torch.optim.AdamW(w.module.parameters(), lr=3e-3, weight_decay=0.01)
+    out = {"fingerprints": [], "losses": [], "values": []}
+    try:
+        for step in range(run.steps):
+            x, y = batch(run.seed, rank, step, run.device)
+            loss = F.cross_entropy(w.module(x).float().reshape(-1, VOCAB), y.reshape(-1))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            params = full_parameters(model)
+            out["fingerprints"].append(fingerprint(params))
+            out["losses"].append(loss.item())
+            if run.values and rank == 0:
+                # numpy: a tensor would cross the queue as shared memory, gone when the rank exits
+                out["values"].append(torch.cat([p.float().reshape(-1) for p in params]).numpy())
+        out["stats"] = w.stats()
+    finally:
+        w.close()
+    return out
+
+
+def train(rank: int, world: int, runs: List[Run]) -> List[dict]:
+    """Every run in turn on this rank (one process group serves them all)."""
+    torch.set_num_threads(1)  # ranks share the machine's cores; one thread per rank also fixes CPU kernels' order
+    return [train_one(rank, r) for r in runs]
+
+
+def run_training(world: int, runs: List[Run], backend: Optional[str] = "gloo", env: Optional[dict] = None,
+                 deadline: float = 300.0) -> Dict[int, List[dict]]:
+    """runs on `world` local ranks: {rank: [result per run]}; a rank's error raises here."""
+    res = run_ranks(world, train, list(runs), env=env, backend=backend, deadline=deadline)
+    bad = {r: v for r, v in res.items() if v[0] != "ok"}
+    if bad:
+        raise RuntimeError("\n".join(f"rank {r}: {s}: {v}" for r, (s, v) in sorted(bad.items())))
+    return {r: v[1] for r, v in res.items()}
