@@ -76,9 +76,10 @@ def main() -> None:
     why = netns.unavailable()
     if why:
         sys.exit(f"bench/netns_link.py: no shaped link here: {why}")
+    netns.exit_on_signals()
     sizes = [parse_size(s) for s in a.sizes]
     me = [sys.executable, "-P", os.path.abspath(__file__), "--worker", json.dumps([sizes, a.reps])]
-    runs = []
+    runs, load = [], os.getloadavg()  # other jobs on the machine move every figure here
     for gbit in a.gbit:
         desc, limit, res = on_link(gbit, me)
         rows = res[0]["rows"]  # rank 0's: times are the slower rank's, ratios and plans the sender's
@@ -93,7 +94,10 @@ def main() -> None:
                      "rows": rows})
     if a.json:
         tc = subprocess.run(["tc", "-V"], capture_output=True, text=True).stdout.strip()
-        write_json(a.json, runs, {"host": {"kernel": platform.release(), "cores": os.cpu_count(), "tc": tc},
+        with open("/proc/cpuinfo") as f:
+            model = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), "")
+        write_json(a.json, runs, {"host": {"kernel": platform.release(), "cores": os.cpu_count(), "cpu_model": model,
+                                           "tc": tc, "load_avg_1_5_15_min": {"before": load, "after": os.getloadavg()}},
                                   "what": "rank 0 sends one N(0, 0.02) bf16 tensor to rank 1 in another network "
                                           "namespace over a tbf-shaped veth link; median of reps, slower rank's "
                                           "time; torch = batch_isend_irecv, auto/always = pz.Communicator "

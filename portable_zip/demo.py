@@ -163,6 +163,7 @@ def _on_link(args: list, out_dir: str) -> tuple:
     why = netns.unavailable()
     if why:
         return None, why
+    netns.exit_on_signals()  # a kill unwinds the with-block: no namespace left behind
     try:
         with netns.Link(2, gbit=float(os.environ.get("PZ_NETNS_GBIT", DEMO_GBIT))) as link:
             measured = link.measure()
@@ -185,7 +186,8 @@ def run(layers: int = 4, hidden: int = 1024) -> int:
         shaped, measured = (None, None) if use_gpu else _on_link(args, out_dir)
         if shaped is None:
             if measured:
-                print(f"portable_zip demo: no shaped link between namespaces ({measured}); running over loopback")
+                print(f"portable_zip demo: over loopback, as no shaped link between namespaces can be made here: "
+                      f"{measured}")
             mp.spawn(_worker, args=(2, "file://" + os.path.join(out_dir, "rendezvous"), *args, out_dir), nprocs=2,
                      join=True)
         r = _merged(out_dir)

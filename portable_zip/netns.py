@@ -8,8 +8,8 @@ codec's pay-off over a network shows on any Linux machine (root, iproute2).
 
 From Python: `with Link(hosts=2, gbit=1) as link: link.measure(); link.run([...], per_host=2)`.
 
-Layout: namespace pznet<pid>-hub holds a bridge; host i is namespace
-pznet<pid>-<i> with loopback and one veth, `pzlink`, at 10.213.0.<i+1>/24,
+Layout: namespace pznet<pid>-<n>-hub holds a bridge (n counts this process's
+links); host i is namespace pznet<pid>-<n>-<i> with loopback and one veth, `pzlink`, at 10.213.0.<i+1>/24,
 whose peer is a bridge port. tbf limits both directions of every host's link
 (the host's egress and the bridge port's egress toward it), so any two hosts
 meet at the rate, and N-to-1 traffic shares the receiver's rate as it would at
@@ -29,6 +29,7 @@ Standard library only: ci/netns runs this file with any Python 3.10+."""
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import shutil
@@ -48,6 +49,7 @@ MTU = 9000  # jumbo frames, as cluster networks run: a sixth of the packets to s
 MAX_HOSTS = 64
 ETC = "/etc/netns"  # ip netns exec mounts ETC/<ns>/hosts over /etc/hosts
 _MARK = "PZ_NETNS_RESULT "  # a probe's result line
+_links = itertools.count()  # a process may build links one after another, or at once
 
 
 class LinkError(RuntimeError):
@@ -60,10 +62,23 @@ def unavailable() -> str:
         return "network namespaces need Linux"
     if os.geteuid() != 0:
         return "network namespaces and tc need root"
+    if not _capable():
+        return ("root here lacks CAP_SYS_ADMIN or CAP_NET_ADMIN; in a container, run it with --privileged "
+                "or --cap-add SYS_ADMIN --cap-add NET_ADMIN")
     missing = [t for t in ("ip", "tc", "unshare", "hostname") if not shutil.which(t)]
     if missing:
         return f"{', '.join(missing)} not found (apt install iproute2 util-linux hostname)"
     return ""
+
+
+def _capable() -> bool:
+    """CAP_SYS_ADMIN (bit 21: namespaces, their mounts) and CAP_NET_ADMIN (bit 12: links, tc) in effect."""
+    try:
+        with open("/proc/self/status") as f:
+            eff = next(int(l.split()[1], 16) for l in f if l.startswith("CapEff:"))
+    except (OSError, StopIteration, ValueError):
+        return True  # unknown: let ip say what fails
+    return eff & (1 << 21) != 0 and eff & (1 << 12) != 0
 
 
 def _sh(*args: str, timeout: float = 20.0) -> str:
@@ -134,7 +149,7 @@ class Link:
         if not 0 <= self.delay_us <= 1e6:
             raise ValueError(f"the delay must be 0 to 1e6 us, got {self.delay_us:g}")
         self.hosts = hosts
-        tag = f"{PREFIX}{os.getpid()}"
+        tag = f"{PREFIX}{os.getpid()}-{next(_links)}"
         self.hub = f"{tag}-hub"
         self.names = [f"{tag}-{i}" for i in range(hosts)]
         self.addrs = [f"{SUBNET}.{i + 1}" for i in range(hosts)]
@@ -167,11 +182,11 @@ class Link:
             "".join(f"::ffff:{a} {n}\n" for a, n in names if "." in a)
         try:
             for ns in [self.hub, *self.names]:
+                _sh("ip", "netns", "add", ns)
                 self._made.append(ns)
                 os.makedirs(os.path.join(ETC, ns), exist_ok=True)
                 with open(os.path.join(ETC, ns, "hosts"), "w") as f:
                     f.write(hosts)
-                _sh("ip", "netns", "add", ns)
                 _sh("ip", "-n", ns, "link", "set", "lo", "up")
             _sh("ip", "-n", self.hub, "link", "add", "br0", "type", "bridge")
             _sh("ip", "-n", self.hub, "link", "set", "br0", "up")
