@@ -20,13 +20,16 @@ REDUCED = (torch.bfloat16, torch.float16, torch.float32)
 
 
 def data(seed, rank, case, numel, dtype):
-    """What `rank` contributes to `case`: fresh per seed, different per rank and case."""
+    """What `rank` contributes to `case`: fresh per seed, different per rank and case (CPU)."""
     rng = np.random.default_rng([seed, rank, case])
     if dtype == torch.float8_e4m3fn:
         return torch.from_numpy(rng.uniform(-1, 1, numel).astype(np.float32)).to(dtype)
     if dtype in (torch.int64, torch.int32):
         return torch.from_numpy(rng.integers(-1000, 1000, numel)).to(dtype)
     return torch.from_numpy(rng.standard_normal(numel, dtype=np.float32) * 0.02).to(dtype)
+
+
+_data = data
 
 
 class Checker:
@@ -39,11 +42,20 @@ class Checker:
             self.bad.append(what)
 
 
-def every_op(rank, world, seed, numel):
+def every_op(rank, world, seed, numel, device="cpu", transport="auto"):
     """Each op on a "pz" group in each mode, beside the gloo group's result.
-    Returns (checks run, failures, digests of the reductions per mode)."""
+    device "cuda": every rank on the current GPU (transport="fabric" for
+    ranks sharing one). Returns (checks run, failures, digests of the
+    reductions per mode)."""
+    dev = torch.device(device)
     ref = dist.new_group(backend="gloo")
-    groups = {m: dist.new_group(backend="pz", pg_options=Options(compress=m)) for m in MODES}
+    groups = {m: dist.new_group(backend="pz", pg_options=Options(compress=m, transport=transport)) for m in MODES}
+
+    def data(*a):
+        return _data(*a).to(dev)
+
+    def empty(*shape, dtype):
+        return torch.empty(*shape, dtype=dtype, device=dev)
     check = Checker()
     digests = {m: [] for m in MODES}
     for mode, g in groups.items():
@@ -55,39 +67,39 @@ def every_op(rank, world, seed, numel):
             for async_op in (False, True):
                 # broadcast, from a different root each time
                 src = (case + async_op) % world
-                t = data(seed, src, case, n, dtype) if rank == src else torch.empty(n, dtype=dtype)
+                t = data(seed, src, case, n, dtype) if rank == src else empty(n, dtype=dtype)
                 w = dist.broadcast(t, src, group=g, async_op=async_op)
                 _finish(w, async_op, check, f"broadcast {mode} {dtype}")
                 check(same(t, data(seed, src, case, n, dtype)), f"broadcast {mode} {dtype} async={async_op}")
                 # all_gather_into_tensor and the list form
-                out = torch.empty(world * n, dtype=dtype)
+                out = empty(world * n, dtype=dtype)
                 _finish(dist.all_gather_into_tensor(out, mine, group=g, async_op=async_op), async_op, check, "ag")
                 want = torch.cat([data(seed, r, case, n, dtype) for r in range(world)])
                 check(same(out, want), f"all_gather_into_tensor {mode} {dtype} async={async_op}")
-                outs = [torch.empty(n, dtype=dtype) for _ in range(world)]
+                outs = [empty(n, dtype=dtype) for _ in range(world)]
                 _finish(dist.all_gather(outs, mine, group=g, async_op=async_op), async_op, check, "agl")
                 check(same(torch.cat(outs), want), f"all_gather {mode} {dtype} async={async_op}")
             # all_to_all_single with uneven splits (rows of 3), and the list form
             splits = [[(i * 7 + j * 3 + case) % 5 for j in range(world)] for i in range(world)]
             inp = data(seed, rank, case, sum(splits[rank]) * 3, dtype).reshape(-1, 3)
-            out = torch.empty(sum(splits[j][rank] for j in range(world)), 3, dtype=dtype)
+            out = empty(sum(splits[j][rank] for j in range(world)), 3, dtype=dtype)
             dist.all_to_all_single(out, inp, [splits[j][rank] for j in range(world)], splits[rank], group=g)
             want = torch.cat([data(seed, j, case, sum(splits[j]) * 3, dtype).reshape(-1, 3)
                               [sum(splits[j][:rank]): sum(splits[j][:rank + 1])] for j in range(world)])
             check(same(out, want), f"all_to_all_single uneven {mode} {dtype}")
             ins = list(torch.split(inp, splits[rank]))
             ins = [x.contiguous() for x in ins]
-            outs = [torch.empty(splits[j][rank], 3, dtype=dtype) for j in range(world)]
+            outs = [empty(splits[j][rank], 3, dtype=dtype) for j in range(world)]
             dist.all_to_all(outs, ins, group=g)
             check(same(torch.cat(outs), want), f"all_to_all list {mode} {dtype}")
             # send/recv in a ring, isend/irecv and batch_isend_irecv
             nxt, prv = (rank + 1) % world, (rank - 1) % world
-            got = torch.empty(n, dtype=dtype)
+            got = empty(n, dtype=dtype)
             ops = [dist.P2POp(dist.isend, mine, nxt, g), dist.P2POp(dist.irecv, got, prv, g)]
             for w in dist.batch_isend_irecv(ops):
                 w.wait()
             check(same(got, data(seed, prv, case, n, dtype)), f"batch_isend_irecv {mode} {dtype}")
-            got2 = torch.empty(n, dtype=dtype)
+            got2 = empty(n, dtype=dtype)
             if rank % 2 == 0:
                 dist.send(mine, nxt, group=g)
                 dist.recv(got2, prv, group=g)
@@ -99,12 +111,12 @@ def every_op(rank, world, seed, numel):
                 continue  # gloo moves no fp8: the forwarded ops below would fail in gloo itself
             # forwarded ops: gather, scatter (bit-identical to the inputs)
             dst = case % world
-            gl = [torch.empty(n, dtype=dtype) for _ in range(world)] if rank == dst else None
+            gl = [empty(n, dtype=dtype) for _ in range(world)] if rank == dst else None
             dist.gather(mine, gl, dst=dst, group=g)
             if rank == dst:
                 check(same(torch.cat(gl), torch.cat([data(seed, r, case, n, dtype) for r in range(world)])),
                       f"gather {mode} {dtype}")
-            got3 = torch.empty(n, dtype=dtype)
+            got3 = empty(n, dtype=dtype)
             sl = [data(seed, dst, case * 100 + r, n, dtype) for r in range(world)] if rank == dst else None
             dist.scatter(got3, sl, src=dst, group=g)
             check(same(got3, data(seed, dst, case * 100 + rank, n, dtype)), f"scatter {mode} {dtype}")
@@ -126,12 +138,12 @@ def every_op(rank, world, seed, numel):
                 full = [data(seed, r, case * 10, world * n, dtype) for r in range(world)]
                 if op == dist.ReduceOp.PRODUCT:
                     continue  # reduce_scatter's PRODUCT is forwarded like all_reduce's: checked above
-                out = torch.empty(n, dtype=dtype)
+                out = empty(n, dtype=dtype)
                 dist.reduce_scatter_tensor(out, full[rank].clone(), op=op, group=g)
                 digests[mode].append(("reduce_scatter", out.view(torch.uint8).clone()))
                 _reduced(check, out, None, [f[rank * n:(rank + 1) * n] for f in full], op, None,
                          f"reduce_scatter_tensor {mode} {dtype} {op}", mode)
-                out2 = torch.empty(n, dtype=dtype)
+                out2 = empty(n, dtype=dtype)
                 dist.reduce_scatter(out2, [c.clone() for c in full[rank].split(n)], op=op, group=g)
                 check(same(out, out2), f"reduce_scatter list == tensor form {mode} {dtype} {op}")
         # reduce (forwarded), barrier, object collectives
@@ -162,7 +174,7 @@ def every_op(rank, world, seed, numel):
     check(not never_coded, f"compress='never' coded {never_coded}")
     for g in groups.values():
         dist.destroy_process_group(g)
-    return check.n, check.bad, {m: [(k, d.numpy().tobytes()) for k, d in ds] for m, ds in digests.items()}
+    return check.n, check.bad, {m: [(k, d.cpu().numpy().tobytes()) for k, d in ds] for m, ds in digests.items()}
 
 
 def _finish(w, async_op, check, what):
@@ -180,10 +192,11 @@ def _reduced(check, got, mine, every, op, ref_group, what, mode):
     fp32 sums in rank order; auto may run gloo's own, which rounds at each of
     its world - 1 steps (docs/DROPIN.md)."""
     if op == dist.ReduceOp.PRODUCT:
-        want = mine.clone()
+        want = mine.cpu()
         dist.all_reduce(want, op=op, group=ref_group)
-        check(same(got, want), what)
+        check(same(got.cpu(), want), what)
         return
+    got, every = got.cpu(), [e.cpu() for e in every]
     stack = torch.stack([e.double() for e in every])
     if op == dist.ReduceOp.MIN:
         check(same(got, stack.min(0).values.to(got.dtype)), what)

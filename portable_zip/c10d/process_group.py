@@ -108,6 +108,8 @@ class ProcessGroupPZ(dist.ProcessGroup):
             res = fn(c, TORCH_WORK if then is None else True)
         if isinstance(res, dist.Work):
             return res  # torch's own op (an idle native plan): nothing added
+        if res is None:
+            return works.done(outputs)
         return works.Work([res], outputs, then)
 
     def _forward(self, device: torch.device, name: str, *args):
@@ -263,16 +265,20 @@ class ProcessGroupPZ(dist.ProcessGroup):
     # Matched per peer in posting order, as NCCL does (tags are not used);
     # isend/irecv posted before a wait run as one exchange (batch_isend_irecv).
     def send(self, tensors, dst: int, tag: int = 0):
-        t = _one(tensors, "send")
-        if self._served(t):
-            return self._ours(t.device, lambda c, a: c.isend(t, dst), [t], then=_nothing)
-        return self._forward(t.device, "send", tensors, dst, tag)
+        return self._p2p("send", tensors, dst, tag)
 
     def recv(self, tensors, src: int, tag: int = 0):
-        t = _one(tensors, "recv")
-        if self._served(t):
-            return self._ours(t.device, lambda c, a: c.irecv(t, src), [t], then=_nothing)
-        return self._forward(t.device, "recv", tensors, src, tag)
+        return self._p2p("recv", tensors, src, tag)
+
+    def _p2p(self, kind: str, tensors, peer: int, tag: int):
+        t = _one(tensors, kind)
+        if not self._served(t):
+            return self._forward(t.device, kind, tensors, peer, tag)
+
+        def post(c, a):
+            w = c._native_p2p(kind, t, peer) if t.numel() else None
+            return w if w is not None else (c.isend(t, peer) if kind == "send" else c.irecv(t, peer))
+        return self._ours(t.device, post, [t], then=_nothing)
 
     def recv_anysource(self, tensors, tag: int = 0):
         raise RuntimeError("pz backend: recv from any source (dist.recv(src=None)) is not supported: name the "

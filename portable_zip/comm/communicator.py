@@ -321,9 +321,12 @@ class Communicator:
         def algorithm(call, coded):
             res = coll.reduce_scatter(self.tp, out, inp, op, coded, call)
             return res.raw_bytes, res.wire_bytes, None
+        sent = out.nbytes * (self.world - 1)
+        if async_op is TORCH_WORK and self._native_now("reduce_scatter", inp, async_op):
+            return self._run_native("reduce_scatter", start, sent, async_op)  # torch's Work, waited as torch's
         # gloo's reduce_scatter ignores wait(timeout): wait on a helper thread.
         return self._collective("reduce_scatter", inp.dtype, inp.nbytes, [inp.numel(), list(ReduceOp).index(op)],
-                                start, out.nbytes * (self.world - 1), algorithm, async_op, detached=True)
+                                start, sent, algorithm, async_op, detached=True)
 
     reduce_scatter_tensor = reduce_scatter_single
 
@@ -429,6 +432,19 @@ class Communicator:
             return False
         self._run_native(kind, lambda: self.tp.post([(kind, t, peer)]), t.nbytes if kind == "send" else 0)
         return True
+
+    def _native_p2p(self, kind: str, t: torch.Tensor, peer: int):
+        """The pz backend's isend/irecv with nothing queued and a native plan:
+        torch's own Work for the one transfer (the pair's plan is a function
+        of t alone, as in _lone_native), or None."""
+        self._check(t, f"{kind} tensor")
+        self._peer(peer)
+        if not self._native or not self._idle_native("send", t):
+            return None
+        t0 = time.perf_counter()
+        w = self.tp.post([(kind, t, peer)])
+        self._record(kind, "native", t0, t.nbytes if kind == "send" else 0, t.nbytes if kind == "send" else 0)
+        return w[0] if w else None
 
     def isend(self, t: torch.Tensor, dst: int) -> Work:
         self._check(t, "send tensor")

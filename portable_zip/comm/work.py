@@ -27,7 +27,8 @@ class Work:
         if timeout is not None and timeout > threading.TIMEOUT_MAX:
             timeout = None  # inf: the op's own timeout bounds it
         if self._flush is not None:
-            self._flush()
+            # An unbounded wait runs the posted group itself (no hop to the worker).
+            self._flush(inline=timeout is None)
         try:
             self._future.result(timeout)
         except concurrent.futures.TimeoutError:
