@@ -4,7 +4,8 @@ torch.distributed send against pz.Communicator send with compress="auto" and
 "always", every byte checked on the receiver, beside the link's limit as
 plain TCP measures it. Needs root and iproute2.
 
-    python -P bench/netns_link.py [--gbit 5 1] [--sizes 4M 16M 64M] [--reps 5] [--json bench/results/cpu-netns-link.json]
+    python -P bench/netns_link.py [--gbit 5 1] [--sizes 4M 16M 64M] [--reps 5] [--json OUT.json]
+    (bench/results/cpu-netns-link.json: --reps 7)
 
 Running any other job on the link (the FSDP2/DDP step over the pz backend, say):
   - a command, once per rank:

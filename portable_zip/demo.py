@@ -198,7 +198,8 @@ def run(layers: int = 4, hidden: int = 1024) -> int:
         print("\nportable_zip demo over NCCL between 2 GPUs")
     elif shaped:
         print(f"\nportable_zip demo over gloo between {shaped}")
-        print(f"  the link's limit, by plain TCP: {measured['gbit']:.2f} Gbit/s, round trip {measured['rtt_us']:.0f} us")
+        print(f"  the link's limit, by plain TCP: {measured['gbit']:.2f} Gbit/s, "
+              f"round trip {measured['rtt_us']:.0f} us")
     else:
         print("\nportable_zip demo over gloo between 2 CPU processes (loopback)")
     raw = r["codec_raw"]
