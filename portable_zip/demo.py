@@ -165,7 +165,7 @@ def _on_link(args: list, out_dir: str) -> tuple:
         return None, why
     netns.exit_on_signals()  # a kill unwinds the with-block: no namespace left behind
     try:
-        with netns.Link(2, gbit=float(os.environ.get("PZ_NETNS_GBIT", DEMO_GBIT))) as link:
+        with netns.Link(2, gbit=netns.env_float("PZ_NETNS_GBIT", DEMO_GBIT)) as link:
             measured = link.measure()
             ranks = link.run([sys.executable, "-I", "-m", "portable_zip.demo", "_worker", json.dumps(args), out_dir],
                              timeout=600)

@@ -81,6 +81,14 @@ def _capable() -> bool:
     return eff & (1 << 21) != 0 and eff & (1 << 12) != 0
 
 
+def env_float(name: str, default: float) -> float:
+    """A PZ_NETNS_* number from the environment, or a clear ValueError."""
+    try:
+        return float(os.environ.get(name, default))
+    except ValueError:
+        raise ValueError(f"{name} must be a number, got {os.environ[name]!r}") from None
+
+
 def _sh(*args: str, timeout: float = 20.0) -> str:
     try:
         p = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
@@ -139,9 +147,8 @@ class Link:
     entry, down() on exit."""
 
     def __init__(self, hosts: int = 2, gbit: Optional[float] = None, delay_us: Optional[float] = None):
-        env = os.environ
-        self.gbit = float(gbit if gbit is not None else env.get("PZ_NETNS_GBIT", 5))
-        self.delay_us = float(delay_us if delay_us is not None else env.get("PZ_NETNS_DELAY_US", 50))
+        self.gbit = float(gbit if gbit is not None else env_float("PZ_NETNS_GBIT", 5))
+        self.delay_us = float(delay_us if delay_us is not None else env_float("PZ_NETNS_DELAY_US", 50))
         if not 2 <= hosts <= MAX_HOSTS:
             raise ValueError(f"hosts must be 2 to {MAX_HOSTS}, got {hosts}")
         if not 0.001 <= self.gbit <= 400:
