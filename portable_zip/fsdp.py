@@ -92,6 +92,7 @@ class _Hook:
 
     def communicator(self, group: dist.ProcessGroup, device: torch.device) -> Communicator:
         """The Communicator of group (made now, collectively, if this is the first call with it)."""
+        group = group if group is not None else dist.group.WORLD
         c = self._comms.get(group)
         if c is None:
             c = self._comms[group] = Communicator(group, **{"device": device, **self._options})

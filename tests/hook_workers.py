@@ -14,15 +14,16 @@ def _inputs(rank: int, numel: int, dtype: torch.dtype, seed: int) -> torch.Tenso
     return (torch.randn(numel, generator=g) * 0.05).to(dtype)
 
 
-def premul_reduce_scatter(rank: int, world: int, seed: int) -> list:
+def premul_reduce_scatter(rank: int, world: int, seed: int, device: str = "cpu",
+                          dtypes=(torch.bfloat16, torch.float32)) -> list:
     """ReduceScatter under PREMUL_SUM(f), AVG and SUM, against its definition:
     each rank's input times f (f rounded to the dtype, one rounding of the
     product), summed in rank order in fp32, rounded once. Returns
     (dtype, op, mode, same bits) rows."""
     rows = []
     n = 4099  # odd: shards of world * n elements
-    for dtype in (torch.bfloat16, torch.float32):
-        mine = _inputs(rank, world * n, dtype, seed)
+    for dtype in dtypes:
+        mine = _inputs(rank, world * n, dtype, seed).to(device)
         every = [torch.empty_like(mine) for _ in range(world)]
         dist.all_gather(every, mine)
         for name, op, factor in (("PREMUL_SUM(1/3)", dist._make_nccl_premul_sum(1 / 3), 1 / 3),
@@ -34,7 +35,7 @@ def premul_reduce_scatter(rank: int, world: int, seed: int) -> list:
             want = (acc / world if name == "AVG" else acc).to(dtype)[rank * n:(rank + 1) * n]
             for mode in ("never", "always"):
                 hook = fsdp.ReduceScatter(compress=mode)
-                out = hook.allocate((n,), dtype=dtype, device=torch.device("cpu"))
+                out = hook.allocate((n,), dtype=dtype, device=torch.device(device))
                 before = mine.clone()
                 assert hook(out, mine, dist.group.WORLD, op) is None  # blocking, as FSDP2 calls it
                 rows.append((str(dtype), name, mode, torch.equal(out.view(torch.uint8), want.view(torch.uint8)),
@@ -54,16 +55,16 @@ class Mixed(nn.Module):
         self.b = nn.Linear(48, 32).to(torch.bfloat16).requires_grad_(False)
 
 
-def mixed_unshard(rank: int, world: int, seed: int) -> dict:
+def mixed_unshard(rank: int, world: int, seed: int, device: str = "cpu") -> dict:
     """FSDP2's own unshard (blocking and async_op=True) of a unit with fp32
     and bf16 parameters through pz.fsdp.AllGather(compress="always"): every
     parameter whole and bit-exact, the uint8 buffer moved raw (wire bytes
     not below raw bytes)."""
     from torch.distributed.fsdp import fully_shard
     torch.manual_seed(seed)
-    ref = Mixed()
+    ref = Mixed().to(device)
     want = [p.detach().clone() for p in ref.parameters()]
-    m = Mixed()
+    m = Mixed().to(device)
     m.load_state_dict(ref.state_dict())
     fully_shard(m)
     hook = fsdp.AllGather(compress="always")
@@ -84,12 +85,13 @@ def mixed_unshard(rank: int, world: int, seed: int) -> dict:
     return out
 
 
-def async_all_gather(rank: int, world: int, seed: int) -> bool:
+def async_all_gather(rank: int, world: int, seed: int, device: str = "cpu") -> bool:
     """An async AllGather returns a torch.distributed Work (FSDP2 waits only
-    on one); after wait() the output holds every rank's input."""
+    on one); after wait() the output holds every rank's input (on a GPU, for
+    work queued on the waiting stream)."""
     hook = fsdp.AllGather(compress="always")
-    inp = _inputs(rank, 1000, torch.bfloat16, seed)
-    out = torch.empty(world * 1000, dtype=torch.bfloat16)
+    inp = _inputs(rank, 1000, torch.bfloat16, seed).to(device)
+    out = torch.empty(world * 1000, dtype=torch.bfloat16, device=device)
     w = hook(out, inp, dist.group.WORLD, async_op=True)
     ok = isinstance(w, dist.Work) and w.wait()
     want = torch.empty_like(out)
@@ -130,3 +132,27 @@ def checks(rank: int, world: int, seed: int) -> dict:
     torch.set_num_threads(1)
     return {"premul": premul_reduce_scatter(rank, world, seed), "mixed": mixed_unshard(rank, world, seed),
             "async": async_all_gather(rank, world, seed), "ddp_bad": ddp_bad_input(rank, world)}
+
+
+def gpu_checks(rank: int, world: int, seed: int) -> dict:
+    """On GPUs over NCCL: the reduce-scatter beside NCCL's own (2 ranks: every
+    sum is a + b, so NCCL's order cannot differ), mixed-dtype unshard and
+    the async all-gather."""
+    dev = f"cuda:{torch.cuda.current_device()}"
+    dtypes = (torch.bfloat16, torch.float16, torch.float32)
+    rows = premul_reduce_scatter(rank, world, seed, dev, dtypes)
+    n = 4099
+    for dtype in dtypes:
+        mine = _inputs(rank, world * n, dtype, seed).to(dev)
+        for name, op in (("PREMUL_SUM(1/3)", dist._make_nccl_premul_sum(1 / 3)), ("AVG", dist.ReduceOp.AVG),
+                         ("SUM", dist.ReduceOp.SUM)):
+            want = torch.empty(n, dtype=dtype, device=dev)
+            dist.reduce_scatter_tensor(want, mine.clone(), op=op)
+            hook = fsdp.ReduceScatter(compress="always")
+            out = torch.empty_like(want)
+            hook(out, mine, dist.group.WORLD, op)
+            same = torch.equal(out.view(torch.uint8), want.view(torch.uint8))
+            rows.append((str(dtype), name, "vs nccl", same, True))
+            hook.close()
+    return {"premul": rows, "mixed": mixed_unshard(rank, world, seed, dev),
+            "async": async_all_gather(rank, world, seed, dev)}

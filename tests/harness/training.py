@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
 from typing import Callable, Dict, List, Optional
 
 import torch
@@ -222,9 +223,23 @@ def train_one(rank: int, run: Run) -> dict:
     return out
 
 
+def deterministic() -> None:
+    """Kernels that give the same bits every run, so runs differ only by
+    their communication: one CPU thread per rank (ranks share the cores),
+    and on GPUs torch's deterministic algorithms and the math attention (the
+    fused attention backwards accumulate with atomics)."""
+    torch.set_num_threads(1)
+    if torch.cuda.is_available():
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cuda.enable_flash_sdp(False)
+        torch.backends.cuda.enable_mem_efficient_sdp(False)
+        torch.backends.cuda.enable_cudnn_sdp(False)
+
+
 def train(rank: int, world: int, runs: List[Run]) -> List[dict]:
     """Every run in turn on this rank (one process group serves them all)."""
-    torch.set_num_threads(1)  # ranks share the machine's cores; one thread per rank also fixes CPU kernels' order
+    deterministic()
     return [train_one(rank, r) for r in runs]
 
 
