@@ -140,7 +140,8 @@ def _sharded(model, run, mesh, hooks: bool) -> Wrapped:
     units.append(fully_shard(model, mesh=mesh, mp_policy=mp))
     ag, rs = (fsdp.AllGather(compress=run.compress), fsdp.ReduceScatter(compress=run.compress)) if hooks else (None, None)
     for u in units:
-        u.set_force_sum_reduction_for_comms(run.force_sum)
+        if run.force_sum:  # only when asked: older torch (2.11) may lack the setter
+            u.set_force_sum_reduction_for_comms(True)
         if run.divide_factor is not None:
             u.set_gradient_divide_factor(run.divide_factor)
         if hooks:
