@@ -22,12 +22,6 @@ import torch.distributed as dist
 from .c10d.works import Work as _TorchWork
 from .comm import Communicator, ReduceOp
 
-try:  # torch's protocol classes (a private module of FSDP2; FSDP2 only calls allocate and __call__)
-    from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather as _AllGatherApi
-    from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter as _ReduceScatterApi
-except ImportError:  # pragma: no cover - torch without FSDP2's comm protocols
-    _AllGatherApi = _ReduceScatterApi = object
-
 _R = dist.ReduceOp.RedOpType
 _OURS = {_R.SUM: ReduceOp.SUM, _R.AVG: ReduceOp.AVG, _R.MIN: ReduceOp.MIN, _R.MAX: ReduceOp.MAX}
 _REDUCIBLE = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
@@ -83,7 +77,10 @@ def check_options(compress: str, options: dict) -> None:
 
 class _Hook:
     """What both hooks share: options for pz.Communicator, a Communicator per
-    group (made at the first call with that group), FSDP2's allocate."""
+    group (made at the first call with that group), FSDP2's allocate. FSDP2's
+    protocol classes (torch.distributed.fsdp._fully_shard._fsdp_api) are not
+    base classes here: FSDP2 only calls allocate and __call__, and importing
+    torch.distributed.fsdp would add ~1 s to `import portable_zip`."""
 
     def __init__(self, compress: str = "auto", **options):
         check_options(compress, options)
@@ -122,7 +119,7 @@ class _Hook:
         return f"pz.fsdp.{type(self).__name__}({opts})"
 
 
-class AllGather(_Hook, _AllGatherApi):
+class AllGather(_Hook):
     """FSDP2's parameter all-gather through pz.Communicator.all_gather_single.
 
     compress: "auto" (the cost model picks torch's own op or the compressed
@@ -139,7 +136,7 @@ class AllGather(_Hook, _AllGatherApi):
         return self._handle(work, output_tensor, async_op)
 
 
-class ReduceScatter(_Hook, _ReduceScatterApi):
+class ReduceScatter(_Hook):
     """FSDP2's gradient reduce-scatter through pz.Communicator.reduce_scatter_single.
 
     Ops: SUM, AVG, MIN, MAX, and PREMUL_SUM (FSDP2's gradient divide
