@@ -292,3 +292,66 @@ def device_map(rank, world):
     want = torch.stack([data(3, r, 3, 40_000, torch.bfloat16).double() for r in range(world)]).sum(0)
     close = bool(((t.double() - want).abs() <= want.abs() * 2 ** -8 * 1.001 + 1e-30).all())
     return type(pg).__name__, sorted(pg.devices), sorted(pg.stats), close
+
+
+def p2p_semantics(rank, world, seed, mode):
+    """torch's matching: each send meets the peer's recv in posting order,
+    whatever either side batches or waits on."""
+    g = dist.new_group(backend="pz", pg_options=Options(compress=mode, timeout=30.0))
+    check = Checker()
+    n = 70_000  # above auto's native size: headed transfers
+    nxt, prv = (rank + 1) % world, (rank - 1) % world
+    # 1. batched on the sender, one at a time on the receiver (a pipeline schedule's forward)
+    if rank == 0:
+        ws = [dist.isend(data(seed, 0, k, n, torch.bfloat16), 1, group=g) for k in range(3)]
+        for w in ws:
+            w.wait()
+    elif rank == 1:
+        for k in range(3):
+            t = torch.empty(n, dtype=torch.bfloat16)
+            dist.recv(t, 0, group=g)
+            check(same(t, data(seed, 0, k, n, torch.bfloat16)), f"batched send {k}")
+    # 2. crossed blocking-looking sends: both post a send first, then a recv
+    if rank < 2:
+        other = 1 - rank
+        ws = dist.isend(data(seed, rank, 10, n, torch.float32), other, group=g)
+        t = torch.empty(n, dtype=torch.float32)
+        dist.recv(t, other, group=g)
+        ws.wait()
+        check(same(t, data(seed, other, 10, n, torch.float32)), "crossed")
+    # 3. a ring through batch_isend_irecv, mixed sizes (native and headed) and dtypes in one batch
+    outs = [(torch.bfloat16, n), (torch.float16, 100), (torch.float32, 3 * n + 1)]
+    got = [torch.empty(m, dtype=d) for d, m in outs]
+    ops = [dist.P2POp(dist.isend, data(seed, rank, 20 + i, m, d), nxt, g) for i, (d, m) in enumerate(outs)]
+    ops += [dist.P2POp(dist.irecv, x, prv, g) for x in got]
+    for w in dist.batch_isend_irecv(ops):
+        w.wait()
+    for i, (d, m) in enumerate(outs):
+        check(same(got[i], data(seed, prv, 20 + i, m, d)), f"ring {d}")
+    # 4. a recv waited on through its future only
+    if rank < 2:
+        if rank == 0:
+            dist.send(data(seed, 0, 30, n, torch.bfloat16), 1, group=g)
+        else:
+            t = torch.empty(n, dtype=torch.bfloat16)
+            w = dist.irecv(t, 0, group=g)
+            w.get_future().wait()
+            check(w.is_completed() and same(t, data(seed, 0, 30, n, torch.bfloat16)), "future")
+    st = g.stats.get("cpu", {})
+    plans = {op: dict(s["plans"]) for op, s in st.items() if op in ("send", "recv")}
+    dist.destroy_process_group(g)
+    return check.n, check.bad, plans
+
+
+def p2p_mismatch(rank, world):
+    """A recv whose tensor differs from the send raises on the receiver (as in torch)."""
+    g = dist.new_group(backend="pz", pg_options=Options(compress="always", timeout=10.0))
+    try:
+        if rank == 0:
+            dist.send(torch.zeros(100_000, dtype=torch.bfloat16), 1, group=g)
+            return ("sent",)
+        t = torch.empty(100_000, dtype=torch.float16)
+        dist.recv(t, 0, group=g)
+        return ("no error",)
+    except Exception as e:  # noqa: BLE001
+        return (type(e).__name__, str(e)[:300])

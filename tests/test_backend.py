@@ -94,3 +94,23 @@ def test_torch_import_registers_the_backend():
     off = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd="/",
                          env={**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
     assert off.stdout.split() == ["False", "False"], off
+
+
+@pytest.mark.parametrize("world,mode", [(2, "always"), (3, "auto"), (4, "never"), (3, "always")])
+def test_point_to_point_matches_as_torch(world, mode):
+    seed = int(np.random.default_rng().integers(0, 2**31))
+    res = ok(run(world, backend_workers.p2p_semantics, seed, mode, deadline=240))
+    for r, (n, bad, plans) in res.items():
+        assert not bad and n >= 3, (seed, r, bad)
+        if mode == "always":
+            assert plans["send"].get("compressed", 0) >= 1, plans
+        if mode == "never":
+            assert set(plans["send"]) == {"native"}, plans
+
+
+def test_point_to_point_mismatch_raises_on_the_receiver():
+    res = ok(run(2, backend_workers.p2p_mismatch, deadline=120))
+    assert res[1][0] == "MismatchError", res
+    assert "sends torch.bfloat16 with 100000" in res[1][1] and "receives torch.float16" in res[1][1], res
+    # the sender's payload never finds its recv: it completes, or fails once the receiver is gone
+    assert res[0] == ("sent",) or res[0][0] in ("RuntimeError", "PeerError"), res

@@ -17,11 +17,15 @@ import torch.distributed as dist
 
 from ..comm.collectives import ReduceOp
 from ..comm.communicator import TORCH_WORK, Communicator
+from ..comm.errors import MismatchError
 from ..comm.group import Group
+from ..comm.groups import swap_through_store
+from ..comm.deadline import Deadline
 from ..comm.setup import timeout_of
 from ..settings import Settings
 from . import works
 from .options import Options
+from .p2p import P2P
 from .staged import staged
 
 _R = dist.ReduceOp.RedOpType
@@ -71,6 +75,12 @@ class ProcessGroupPZ(dist.ProcessGroup):
             d = torch.device(kind)
             self._register_backend(d, _KIND[g.backend], g.pg._get_backend(d))
         self._set_default_backend(_KIND[self._inner["cpu"].backend])
+        _agree_options(self._inner["cpu"], options, self.timeout)
+        # Point to point: per inner kind, its header group (the inner one) and a data group.
+        self._p2ps: Dict[str, P2P] = {}
+        for kind, g in self._inner.items():
+            data = Group(store, rank, ranks, g.backend, self.timeout, f"{name}/{kind}-data")
+            self._p2ps[kind] = P2P(g, data, options.compress, self._pays(kind), options.max_sms or 0)
         self._comms: Dict[str, Communicator] = {}
         self._forwarded: List[object] = []
         self._lock = threading.RLock()  # DDP's reducer posts from autograd threads
@@ -274,11 +284,25 @@ class ProcessGroupPZ(dist.ProcessGroup):
         t = _one(tensors, kind)
         if not self._served(t):
             return self._forward(t.device, kind, tensors, peer, tag)
+        if not 0 <= peer < self.size() or peer == self.rank():
+            raise ValueError(f"pz backend: {kind} peer {peer} is not another rank of this group (size {self.size()})")
+        with self._lock:
+            c = self._comms.get(t.device.type)
+            if c is not None:  # its queued ops on this tensor go first
+                c._flush()
+                c._drain()
+            self._settle_forwarded()
+            p = self._p2ps[t.device.type if t.device.type in self._inner else "cpu"]
+            return p.send(t, peer) if kind == "send" else p.recv(t, peer)
 
-        def post(c, a):
-            w = c._native_p2p(kind, t, peer) if t.numel() else None
-            return w if w is not None else (c.isend(t, peer) if kind == "send" else c.irecv(t, peer))
-        return self._ours(t.device, post, [t], then=_nothing)
+    def _pays(self, kind: str):
+        """auto's choice for a point-to-point tensor: the device kind's
+        calibrated policy, once a collective has made its Communicator
+        (until then, raw: never slower than torch's own)."""
+        def pays(t) -> bool:
+            c = self._comms.get(t.device.type)
+            return c is not None and c.policy.choose("send", t.dtype, t.nbytes, 2) == "compressed"
+        return pays
 
     def recv_anysource(self, tensors, tag: int = 0):
         raise RuntimeError("pz backend: recv from any source (dist.recv(src=None)) is not supported: name the "
@@ -299,6 +323,9 @@ class ProcessGroupPZ(dist.ProcessGroup):
             comms, self._comms = list(self._comms.values()), {}
             for c in comms:
                 c.close()
+            for p in self._p2ps.values():
+                p.close()
+                p.data.close()
             for g in self._inner.values():
                 g.close()
 
@@ -306,16 +333,17 @@ class ProcessGroupPZ(dist.ProcessGroup):
 
     @property
     def stats(self) -> dict:
-        """Per device kind, its Communicator's per-op stats (pz.Communicator.stats)."""
-        return {k: c.stats for k, c in self._comms.items()}
+        """Per device kind, its Communicator's per-op stats (pz.Communicator.stats),
+        with point to point's (send, recv) beside them."""
+        out = {k: dict(c.stats) for k, c in self._comms.items()}
+        for k, p in self._p2ps.items():
+            for op, s in p.stats.items():
+                out.setdefault(k, {})[op] = {**s, "plans": dict(s["plans"])}
+        return out
 
     def communicator(self, device="cpu") -> Optional[Communicator]:
         """The Communicator that serves device's tensors, once an op made it."""
         return self._comms.get(torch.device(device).type)
-
-
-def _nothing() -> None:
-    pass
 
 
 def _name(pg, new: str, old: str) -> str:
@@ -328,3 +356,13 @@ def _device(tensors) -> torch.device:
     if not flat:
         raise ValueError("pz backend: an op with no tensors")
     return flat[0].device
+
+
+def _agree_options(group: Group, options: Options, timeout: float) -> None:
+    """Every rank made this group with the same options (point to point
+    decides what travels from them), else MismatchError on every rank."""
+    mine = repr((options.compress, options.transport, options.domains))
+    seen = [v.decode() for v in swap_through_store(group, "options", mine, Deadline(timeout), "its pz options")]
+    if len(set(seen)) > 1:
+        raise MismatchError("ranks made this pz group with different options (compress, transport, domains): " +
+                            ", ".join(f"rank {j} {v}" for j, v in enumerate(seen)))

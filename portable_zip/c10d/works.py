@@ -122,9 +122,45 @@ def _error_of(fut) -> Optional[BaseException]:
     return None
 
 
-def joined(ws, outputs: List[torch.Tensor]) -> Work:
+def joined(ws, outputs: List[torch.Tensor]):
     """Several ops' Works (ours or torch's) as one: a coalesced call."""
+    if not any(isinstance(w, Work) for w in ws):
+        return Joined(ws, outputs)
     return Work([x for w in ws for x in (w._works if isinstance(w, Work) else [w])], outputs)
+
+
+class Joined(dist.Work):
+    """torch Works as one, with no thread of its own: gloo's send and recv
+    Works have no future, so one is made (by a thread that waits) only for
+    a caller who asks for it."""
+
+    def __init__(self, ws, outputs: List[torch.Tensor]):
+        super().__init__()
+        self._ws, self._outputs, self._future = list(ws), outputs, None
+
+    def wait(self, timeout=None) -> bool:
+        for w in self._ws:
+            w.wait(timeout) if timeout is not None else w.wait()
+        return True
+
+    def is_completed(self) -> bool:
+        return all(w.is_completed() for w in self._ws)
+
+    def result(self) -> List[torch.Tensor]:
+        return self._outputs
+
+    def get_future(self) -> torch.futures.Future:
+        if self._future is None:
+            fut = self._future = torch.futures.Future()
+
+            def run():
+                try:
+                    self.wait()
+                    fut.set_result(self._outputs)
+                except BaseException as e:  # noqa: BLE001 - handed to the future
+                    fut.set_exception(e)
+            threading.Thread(target=run, name="pz-future", daemon=True).start()
+        return self._future
 
 
 def done(outputs: List[torch.Tensor]) -> Work:

@@ -433,19 +433,6 @@ class Communicator:
         self._run_native(kind, lambda: self.tp.post([(kind, t, peer)]), t.nbytes if kind == "send" else 0)
         return True
 
-    def _native_p2p(self, kind: str, t: torch.Tensor, peer: int):
-        """The pz backend's isend/irecv with nothing queued and a native plan:
-        torch's own Work for the one transfer (the pair's plan is a function
-        of t alone, as in _lone_native), or None."""
-        self._check(t, f"{kind} tensor")
-        self._peer(peer)
-        if not self._native or not self._idle_native("send", t):
-            return None
-        t0 = time.perf_counter()
-        w = self.tp.post([(kind, t, peer)])
-        self._record(kind, "native", t0, t.nbytes if kind == "send" else 0, t.nbytes if kind == "send" else 0)
-        return w[0] if w else None
-
     def isend(self, t: torch.Tensor, dst: int) -> Work:
         self._check(t, "send tensor")
         self._peer(dst)
