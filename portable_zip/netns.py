@@ -313,7 +313,7 @@ class Ranks:
             with self._lock:
                 self.out[rank].append(text)
                 self.lines.append(line)
-                if self._echo:
+                if self._echo and not text.startswith(_MARK):  # results are returned, not shown
                     print(line, flush=True)
 
     def wait(self, timeout: float, grace: float) -> None:
