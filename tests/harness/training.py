@@ -5,9 +5,11 @@ parameters (sharded ones gathered), run on every rank.
 
     results = run_training(world, [Run("ddp"), Run("ddp_hook", compress="always")])
 
-Wrappings are looked up by name in WRAPPINGS (add one with @wrapping); the
-process group's backend is run_training's backend= (run_ranks'), so the same
-runs serve torch's gloo/NCCL and other torch.distributed backends."""
+Wrappings are looked up by name in WRAPPINGS (add one with @wrapping). A
+run trains over the world run_training's backend= made (run_ranks'), or,
+with Run.backend, over a fresh world of its own (e.g. the "pz" backend with
+pz Options(compress=run.compress)): the same runs serve torch's gloo/NCCL
+and other torch.distributed backends."""
 from __future__ import annotations
 
 import dataclasses
@@ -64,14 +66,14 @@ def build_model(seed: int, device: str) -> TinyLM:
     return TinyLM().to(device)
 
 
-def batch(seed: int, rank: int, step: int, device: str):
+def batch(seed: int, rank: int, step: int, device: str, size: int = BATCH):
     """Rank's tokens of a step: affine sequences x' = (a x + c) mod VOCAB with
     10% noise, so the loss falls; (inputs, targets)."""
     g = torch.Generator().manual_seed(seed * 1_000_003 + rank * 10_007 + step)
-    a = torch.randint(1, 8, (BATCH, 1), generator=g) * 2 + 1
-    c = torch.randint(0, VOCAB, (BATCH, 1), generator=g)
-    x = torch.empty(BATCH, SEQ + 1, dtype=torch.long)
-    x[:, 0] = torch.randint(0, VOCAB, (BATCH,), generator=g)
+    a = torch.randint(1, 8, (size, 1), generator=g) * 2 + 1
+    c = torch.randint(0, VOCAB, (size, 1), generator=g)
+    x = torch.empty(size, SEQ + 1, dtype=torch.long)
+    x[:, 0] = torch.randint(0, VOCAB, (size,), generator=g)
     for t in range(SEQ):
         x[:, t + 1] = (a[:, 0] * x[:, t] + c[:, 0]) % VOCAB
     noise = torch.rand(x.shape, generator=g) < 0.1
@@ -82,7 +84,10 @@ def batch(seed: int, rank: int, step: int, device: str):
 @dataclasses.dataclass(frozen=True)
 class Run:
     """One training run. wrapping: a WRAPPINGS name; compress: the hooks'
-    mode; param_dtype/reduce_dtype: FSDP2's MixedPrecisionPolicy;
+    mode, and the pz backend's; backend: train over a fresh world of this
+    backend ("pz", "cpu:pz", "gloo"; None: the world run_ranks made), or with
+    subgroup, over new_group(backend=...) of that world (DDP only);
+    transport: the pz backend's Options.transport; param_dtype/reduce_dtype: FSDP2's MixedPrecisionPolicy;
     divide_factor: FSDP2's set_gradient_divide_factor; force_sum: its
     set_force_sum_reduction_for_comms (SUM on the wire, divided after); values: return the
     parameters after each step too (from rank 0 only: replicas are compared
@@ -97,6 +102,16 @@ class Run:
     divide_factor: Optional[float] = None
     force_sum: bool = False
     values: bool = True
+    backend: Optional[str] = None
+    subgroup: bool = False
+    transport: str = "auto"
+
+    def pg_options(self):
+        """The pg_options of this run's groups: pz's Options where the backend is pz, else None."""
+        if self.backend is None or "pz" not in self.backend:
+            return None
+        from portable_zip.c10d import Options
+        return Options(compress=self.compress, transport=self.transport)
 
 
 @dataclasses.dataclass
@@ -104,6 +119,7 @@ class Wrapped:
     module: nn.Module
     stats: Callable[[], dict]  # the hooks' Communicator stats ({} without hooks)
     close: Callable[[], None] = lambda: None
+    groups: Callable[[], dict] = lambda: {"world": dist.group.WORLD}  # the groups it communicates over, by name
 
 
 WRAPPINGS: Dict[str, Callable[[nn.Module, Run], Wrapped]] = {}
@@ -116,19 +132,31 @@ def wrapping(name: str):
     return register
 
 
+def _dp_group(run):
+    """DDP's process_group: a new group of run.backend over the world (subgroup runs), else the world."""
+    if not run.subgroup:
+        return None
+    if run.backend is None:
+        raise ValueError("a subgroup run names its backend")
+    return dist.new_group(backend=run.backend, pg_options=run.pg_options())
+
+
 @wrapping("ddp")
 def _ddp(model, run):
     from torch.nn.parallel import DistributedDataParallel as DDP
-    return Wrapped(DDP(model, bucket_cap_mb=BUCKET_MB), dict)
+    g = _dp_group(run)
+    return Wrapped(DDP(model, bucket_cap_mb=BUCKET_MB, process_group=g), dict,
+                   groups=lambda: {"dp": g if g is not None else dist.group.WORLD})
 
 
 @wrapping("ddp_hook")
 def _ddp_hook(model, run):
     from torch.nn.parallel import DistributedDataParallel as DDP
     from portable_zip.ddp import DDPHookState, ddp_comm_hook
-    m, state = DDP(model, bucket_cap_mb=BUCKET_MB), DDPHookState(compress=run.compress)
+    g = _dp_group(run)
+    m, state = DDP(model, bucket_cap_mb=BUCKET_MB, process_group=g), DDPHookState(g, compress=run.compress)
     m.register_comm_hook(state, ddp_comm_hook)
-    return Wrapped(m, lambda: state.stats, state.close)
+    return Wrapped(m, lambda: state.stats, state.close, lambda: {"dp": g if g is not None else dist.group.WORLD})
 
 
 def _sharded(model, run, mesh, hooks: bool) -> Wrapped:
@@ -147,23 +175,30 @@ def _sharded(model, run, mesh, hooks: bool) -> Wrapped:
         if hooks:
             u.set_custom_all_gather(ag)
             u.set_custom_reduce_scatter(rs)
+    groups = {name: mesh.get_group(name) for name in mesh.mesh_dim_names}
     if not hooks:
-        return Wrapped(model, dict)
+        return Wrapped(model, dict, groups=lambda: groups)
     return Wrapped(model, lambda: fsdp.merged_stats([ag.stats, rs.stats]),
-                   lambda: (ag.close(), rs.close()))
+                   lambda: (ag.close(), rs.close()), lambda: groups)
 
 
-def _mesh(run, shape, names=None):
+def _mesh(run, shape, names):
+    """The run's DeviceMesh; a fresh world's backend and pz options on every
+    dim (torch makes a mesh's groups with none of the world's pg_options)."""
     from torch.distributed.device_mesh import init_device_mesh
-    return init_device_mesh(torch.device(run.device).type, shape, mesh_dim_names=names)
+    override, opts = None, run.pg_options()
+    if len(shape) > 1 and opts is not None and opts != type(opts)():  # default options need no override
+        override = {name: (run.backend, run.pg_options()) for name in names}
+    return init_device_mesh(torch.device(run.device).type, shape, mesh_dim_names=names, backend_override=override)
 
 
 for _name, _hooks in (("fsdp", False), ("fsdp_hook", True)):
-    wrapping(_name)(lambda model, run, h=_hooks: _sharded(model, run, _mesh(run, (dist.get_world_size(),)), h))
+    wrapping(_name)(lambda model, run, h=_hooks: _sharded(model, run, _mesh(run, (dist.get_world_size(),), ("shard",)),
+                                                          h))
 for _name, _hooks in (("hsdp", False), ("hsdp_hook", True)):
     # 2 shards per replica: the replicate all-reduce is FSDP2's own dist.all_reduce (no hook replaces it).
     wrapping(_name)(lambda model, run, h=_hooks: _sharded(
-        model, run, _mesh(run, (dist.get_world_size() // 2, 2), ("replicate", "shard")), h))
+        model, run, _mesh(run, (dist.get_world_size() // 2, 2), ("dp", "shard")), h))
 
 
 def full_parameters(model: nn.Module) -> List[torch.Tensor]:
@@ -199,8 +234,14 @@ def fingerprint(params: List[torch.Tensor]) -> str:
     return h.hexdigest()
 
 
+def group_stats(groups: dict) -> dict:
+    """{name: the group's .stats} for the groups that keep stats (the pz backend's)."""
+    return {name: g.stats for name, g in groups.items() if hasattr(g, "stats")}
+
+
 def train_one(rank: int, run: Run) -> dict:
-    """run on this rank: {"fingerprints", "losses", "values" (rank 0: fp32 numpy, per step), "stats"}."""
+    """run on this rank: {"fingerprints", "losses", "values" (rank 0: fp32 numpy, per step), "stats",
+    "group_stats" (the pz groups' stats: group_stats)}."""
     model = build_model(run.seed, run.device)
     w = WRAPPINGS[run.wrapping](model, run)
     opt = torch.optim.AdamW(w.module.parameters(), lr=3e-3, weight_decay=0.01)
@@ -219,6 +260,7 @@ def train_one(rank: int, run: Run) -> dict:
                 # numpy: a tensor would cross the queue as shared memory, gone when the rank exits
                 out["values"].append(torch.cat([p.float().reshape(-1) for p in params]).numpy())
         out["stats"] = w.stats()
+        out["group_stats"] = group_stats(w.groups())
     finally:
         w.close()
     return out
@@ -238,10 +280,52 @@ def deterministic() -> None:
         torch.backends.cuda.enable_cudnn_sdp(False)
 
 
+class Worlds:
+    """Fresh default worlds on demand: each from its own prefix of one
+    TCPStore that rank 0 serves on a port the OS picked (told to the others
+    over the world run_ranks made), so no port is guessed."""
+
+    def __init__(self, rank: int, world: int):
+        self.rank, self.world, self.made = rank, world, 0
+        self.first = dist.get_backend()
+        port = [None]
+        if rank == 0:
+            self.store = dist.TCPStore("127.0.0.1", 0, world, is_master=True, wait_for_workers=False)
+            port = [self.store.port]
+        dist.broadcast_object_list(port, src=0)
+        if rank != 0:
+            self.store = dist.TCPStore("127.0.0.1", port[0], world, is_master=False)
+
+    def enter(self, backend: Optional[str] = None, pg_options=None) -> None:
+        """Replace the default world with a fresh one of backend (None: the first world's)."""
+        if backend is not None and "pz" in backend:
+            import portable_zip  # noqa: F401  (registers the "pz" backend)
+        dist.destroy_process_group()
+        self.made += 1
+        dist.init_process_group(backend or self.first, store=dist.PrefixStore(f"world{self.made}", self.store),
+                                rank=self.rank, world_size=self.world, pg_options=pg_options)
+
+
+def on_world(rank: int, world: int, runs: list, body: Callable) -> list:
+    """body(run) for each run: over run_ranks' world, or for a run whose
+    backend is set (and not a subgroup run), over a fresh world of that
+    backend, with the first world's backend back after it."""
+    worlds = Worlds(rank, world) if any(r.backend is not None and not r.subgroup for r in runs) else None
+    out = []
+    for run in runs:
+        own = run.backend is not None and not run.subgroup
+        if own:
+            worlds.enter(run.backend, run.pg_options())
+        out.append(body(run))
+        if own:
+            worlds.enter()
+    return out
+
+
 def train(rank: int, world: int, runs: List[Run]) -> List[dict]:
-    """Every run in turn on this rank (one process group serves them all)."""
+    """Every run in turn on this rank (on_world: the world each asks for)."""
     deterministic()
-    return [train_one(rank, r) for r in runs]
+    return on_world(rank, world, runs, lambda r: train_one(rank, r))
 
 
 def run_training(world: int, runs: List[Run], backend: Optional[str] = "gloo", env: Optional[dict] = None,
