@@ -51,21 +51,34 @@ def _rank(rank, world, port, iters, q):
     ref = dist.new_group(backend="gloo")
     pz = dist.new_group(backend="pz")
     res = {}
-    for name, fn in _ops(world, rank).items():
-        times = {"gloo": [], "pz": []}
-        for g in (ref, pz):
+    ops = _ops(world, rank)
+    for g in (ref, pz):
+        for fn in ops.values():
             for _ in range(20):
                 fn(g)  # warm-up (pz: the Communicator's construction and calibration)
-        for _ in range(iters):
-            for key, g in (("gloo", ref), ("pz", pz)):
+    # The same op straight on the pz Communicator's private gloo group: the
+    # backend's Python alone is pz minus this, whatever the group's threads cost.
+    inner = pz.communicator("cpu").group
+    t = torch.randn(2048).bfloat16()
+    arms = {"gloo": lambda f: f(ref), "pz": lambda f: f(pz)}
+    for name, fn in ops.items():
+        times = {k: [] for k in list(arms) + (["inner"] if name == "all_reduce" else [])}
+        for i in range(iters):
+            order = list(times) if i % 2 else list(reversed(times))  # neither arm always goes first
+            for key in order:
                 dist.barrier(group=ref)
                 t0 = time.perf_counter()
-                fn(g)
+                if key == "inner":
+                    inner.all_reduce(t, dist.ReduceOp.SUM).wait()
+                else:
+                    arms[key](fn)
                 times[key].append(time.perf_counter() - t0)
         med = {k: statistics.median(v) * 1e6 for k, v in times.items()}
         res[name] = {"gloo_us": round(med["gloo"], 1), "pz_us": round(med["pz"], 1),
                      "overhead_us": round(med["pz"] - med["gloo"], 1),
                      "pz_plans": {k: dict(v["plans"]) for k, v in pz.stats.get("cpu", {}).items()}}
+        if "inner" in med:
+            res[name]["pz_private_group_direct_us"] = round(med["inner"], 1)
     q.put((rank, res))
     dist.destroy_process_group()
 
@@ -87,11 +100,13 @@ def main():
     for p in ps:
         p.join(60)
     rows = {op: {"gloo_us": max(got[r][op]["gloo_us"] for r in got), "pz_us": max(got[r][op]["pz_us"] for r in got),
+                 "pz_private_group_direct_us": max(got[r][op].get("pz_private_group_direct_us", 0) for r in got),
                  "plans": got[0][op]["pz_plans"].get(op.split("/")[0].replace("_tensor", "").replace(
                      "_into", ""), {})} for op in got[0]}
     for op, r in rows.items():
         r["overhead_us"] = round(r["pz_us"] - r["gloo_us"], 1)
-        print(f"{op:24s} gloo {r['gloo_us']:8.1f} us   pz {r['pz_us']:8.1f} us   +{r['overhead_us']:6.1f} us  {r['plans']}")
+        print(f"{op:24s} gloo {r['gloo_us']:8.1f} us   pz {r['pz_us']:8.1f} us   +{r['overhead_us']:6.1f} us  "
+              f"(pz's private group direct {r['pz_private_group_direct_us']:.1f} us)  {r['plans']}")
     if a.out:
         doc = {"what": "per-op overhead of the pz backend vs gloo, 2 CPU ranks, 4 KiB bf16, median of blocking calls "
                        "(the slower rank's)", "command": " ".join([sys.executable, "-P"] + sys.argv),
