@@ -37,6 +37,10 @@ def _mapped_devices() -> tuple:
 def _create(dist_opts, options):
     if options is not None and not isinstance(options, Options):
         raise TypeError(f"the pz backend's pg_options must be portable_zip.c10d.Options, got {type(options).__name__}")
+    if options is None and dist.is_initialized():
+        # A group made without options (new_group, DeviceMesh's) takes the default group's.
+        default = dist.distributed_c10d._get_default_group()
+        options = default.options if isinstance(default, ProcessGroupPZ) else None
     ranks = list(dist_opts.global_ranks_in_group) or list(range(dist_opts.group_size))
     return ProcessGroupPZ(dist_opts.store, dist_opts.group_rank, ranks, dist_opts.timeout.total_seconds(),
                           str(dist_opts.group_id), options, _mapped_devices())

@@ -3,6 +3,7 @@ or new_group(..., pg_options=...). Anything left None comes from the
 documented PZ_* variables (docs/SETTINGS.md), as for pz.Communicator."""
 from __future__ import annotations
 
+import datetime
 from dataclasses import dataclass
 from typing import Optional
 
@@ -27,6 +28,11 @@ class Options:
     latency_us: Optional[float] = None
     codec_gbps: Optional[float] = None
     margin: Optional[float] = None
+
+    @property
+    def _timeout(self) -> Optional[datetime.timedelta]:
+        """torch's name: DeviceMesh reads it from a backend_override's options."""
+        return None if self.timeout is None else datetime.timedelta(seconds=self.timeout)
 
     def communicator_args(self) -> dict:
         return {"compress": self.compress, "transport": self.transport, "domains": self.domains,

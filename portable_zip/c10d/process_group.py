@@ -86,6 +86,11 @@ class ProcessGroupPZ(dist.ProcessGroup):
         self._lock = threading.RLock()  # DDP's reducer posts from autograd threads
         self._closed = False
 
+    def inner_backend(self) -> str:
+        """What a pz.Communicator (or a hook's) made over this group runs on:
+        the inner backend of the device kind it serves, NCCL where GPUs are pz's."""
+        return "nccl" if "cuda" in self._inner and "cuda" in self.devices else "gloo"
+
     # --- plumbing -------------------------------------------------------------
     def _comm(self, device: torch.device) -> Optional[Communicator]:
         """This device kind's Communicator, made at its first op (collectively:

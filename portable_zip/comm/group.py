@@ -34,7 +34,7 @@ _OPTS: dict = {}
 def _cached(cls, **fields):
     """An options object per distinct value: making one costs ~10-30 µs of a
     small op's host time, and torch only reads them."""
-    key = (cls, tuple(sorted(fields.items(), key=lambda kv: kv[0])))
+    key = (cls, *fields.items())  # callers name fields in a fixed order
     o = _OPTS.get(key)
     if o is None:
         o = _OPTS[key] = _opts(cls, **fields)
@@ -67,6 +67,8 @@ class Group:
             store = dist.distributed_c10d._get_default_store()
             ranks, rank = dist.get_process_group_ranks(parent), dist.get_rank(parent)
             pname, backend = parent.group_name, backend or str(dist.get_backend(parent))
+            if backend not in ("gloo", "nccl") and hasattr(parent, "inner_backend"):
+                backend = parent.inner_backend()  # a pz group: a Communicator over it runs on its inner backend
         return _made_from(cls, store, rank, ranks, backend, timeout, pname)
 
     def sub(self, members: List[int], backend: str) -> "Group":
