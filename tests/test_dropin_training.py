@@ -20,7 +20,6 @@ each under PZ_CHECK_PLANS=1. After every step:
 """
 import numpy as np
 import pytest
-import torch
 
 import dropin_workers
 from harness.ranks import run_ranks
@@ -58,7 +57,8 @@ def check(res: dict, world: int, runs: list, ops: dict, exact: bool, replicated:
                 f"{run} differs from compress='never'"
         for r in range(world):
             if exact:
-                assert res[r][i]["fingerprints"] == res[r][plain]["fingerprints"], f"rank {r}: {run} differs from {runs[plain]}"
+                assert res[r][i]["fingerprints"] == res[r][plain]["fingerprints"], \
+                    f"rank {r}: {run} differs from {runs[plain]}"
             elif i != plain and res[r][i]["values"]:
                 _close(res[r][plain], res[r][i])
 
