@@ -119,9 +119,8 @@ def test_fsdp2_with_the_pz_hooks():
 
 
 def test_hsdp_2x2_mesh():
-    """init_device_mesh("cpu", (2, 2), ("dp", "shard")); torch gives a mesh's
-    groups no pg_options of the world, so each dim gets ("pz", Options(...))
-    through backend_override."""
+    """init_device_mesh("cpu", (2, 2), ("dp", "shard")), each dim given
+    ("pz", Options(...)) through backend_override."""
     runs = pz_runs("hsdp", steps=STEPS, **MP)
     check(train(4, runs), 4, runs, HSDP_OPS, exact=True)
 

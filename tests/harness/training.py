@@ -184,7 +184,8 @@ def _sharded(model, run, mesh, hooks: bool) -> Wrapped:
 
 def _mesh(run, shape, names):
     """The run's DeviceMesh; a fresh world's backend and pz options on every
-    dim (torch makes a mesh's groups with none of the world's pg_options)."""
+    dim through backend_override, torch's documented way (torch passes a
+    mesh's groups none of the world's pg_options)."""
     from torch.distributed.device_mesh import init_device_mesh
     override, opts = None, run.pg_options()
     if len(shape) > 1 and opts is not None and opts != type(opts)():  # default options need no override
