@@ -37,18 +37,23 @@ from portable_zip import netns  # noqa: E402
 
 
 def on_link(gbit: float, argv: list, hosts: int = 2, per_host: int = 1, timeout: float = 600.0,
-            env: dict = None) -> tuple:
+            env: dict = None, more: list = ()) -> tuple:
     """(description, measured limit, per-rank results) of argv run once per
-    rank on a fresh link of gbit Gbit/s; raises with the ranks' output if one fails."""
+    rank on a fresh link of gbit Gbit/s; raises with the ranks' output if one fails.
+    more: further argvs run the same way one after another on the same link
+    (fresh processes each); then the results are a list, one per argv."""
     with netns.Link(hosts, gbit=gbit) as link:
         limit = link.measure()
         print(f"link: {link.describe()}; plain TCP gets {limit['gbit']:.2f} Gbit/s, "
               f"round trip {limit['rtt_us']:.0f} us", flush=True)
-        ranks = link.run(argv, per_host=per_host, timeout=timeout, env=env)
-        if any(ranks.codes):
-            raise RuntimeError(f"ranks failed (exit codes {ranks.codes}):\n" + "\n".join(ranks.lines[-40:]))
+        results = []
+        for cmd in [argv, *more]:
+            ranks = link.run(cmd, per_host=per_host, timeout=timeout, env=env)
+            if any(ranks.codes):
+                raise RuntimeError(f"ranks failed (exit codes {ranks.codes}):\n" + "\n".join(ranks.lines[-40:]))
+            results.append(ranks.results())
         limit["gbit_after"] = link.measure()["gbit"]  # a busy machine shows here as a moved limit
-        return link.describe(), limit, ranks.results()
+        return link.describe(), limit, results if more else results[0]
 
 
 def worker(sizes: list, reps: int) -> None:
