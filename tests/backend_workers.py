@@ -355,3 +355,45 @@ def p2p_mismatch(rank, world):
         return ("no error",)
     except Exception as e:  # noqa: BLE001
         return (type(e).__name__, str(e)[:300])
+
+
+def torch_paths(rank, world, seed):
+    """What torch itself calls on a pz group: functional collectives and DTensor
+    (all-gathers with no options), forwarded ops that fail, layouts that differ
+    between ranks, and many forwarded ops in a row."""
+    from torch.distributed._functional_collectives import all_gather_tensor
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    g = dist.group.WORLD
+    out = []
+    x = data(seed, rank, 1, 4096, torch.float32)
+    got = all_gather_tensor(x, 0, g)
+    out.append(same(got.wait() if hasattr(got, "wait") else got,
+                    torch.cat([data(seed, r, 1, 4096, torch.float32) for r in range(world)])))
+    mesh = init_device_mesh("cpu", (world,))
+    full = data(seed, 0, 2, 64 * world, torch.bfloat16).reshape(world * 8, 8)
+    dt = distribute_tensor(full, mesh, [Shard(0)])
+    out.append(same(dt.full_tensor(), full))
+    # A forwarded op that fails in gloo leaves nothing behind: the next op runs.
+    try:
+        dist.all_reduce(torch.ones(4, dtype=torch.int16))
+        out.append("no error")
+    except TypeError as e:
+        out.append("int16" in str(e) and "all_reduce" in str(e))
+    t = data(seed, rank, 3, 1000, torch.float32)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    out.append(same(t, torch.stack([data(seed, r, 3, 1000, torch.float32) for r in range(world)]).max(0).values))
+    # Layout differs between ranks: rank 0 contiguous, the others a strided view.
+    base = data(seed, rank, 4, 2 * 3000, torch.bfloat16).reshape(3000, 2)
+    v = base[:, 0] if rank else base[:, 0].contiguous()
+    dist.all_reduce(v, op=dist.ReduceOp.MAX)
+    want = torch.stack([data(seed, r, 4, 6000, torch.bfloat16).reshape(3000, 2)[:, 0].float()
+                        for r in range(world)]).max(0).values.bfloat16()
+    out.append(same(v.contiguous(), want))
+    # Forwarded ops are not held once done.
+    for _ in range(50):
+        dist.all_reduce(torch.ones(1000, dtype=torch.int64))
+    out.append(len(g._forwarded) <= 2)
+    out.append(g.name())
+    return out

@@ -114,3 +114,17 @@ def test_point_to_point_mismatch_raises_on_the_receiver():
     assert "sends torch.bfloat16 with 100000" in res[1][1] and "receives torch.float16" in res[1][1], res
     # the sender's payload never finds its recv: it completes, or fails once the receiver is gone
     assert res[0] == ("sent",) or res[0][0] in ("RuntimeError", "PeerError"), res
+
+
+def test_torch_paths_layouts_and_forwarded_ops():
+    seed = int(np.random.default_rng().integers(0, 2**31))
+    res = ok(run(2, backend_workers.torch_paths, seed, deadline=180))
+    for r, v in res.items():
+        assert v == [True, True, True, True, True, True, "pz"], (seed, r, v)
+
+
+def test_bad_options_raise_where_the_group_is_made():
+    from portable_zip.c10d import Options
+    for bad in ({"compress": "fast"}, {"transport": "nccl"}, {"max_sms": 0}, {"domains": "bogus"}):
+        with pytest.raises(ValueError, match="Options"):
+            Options(**bad)

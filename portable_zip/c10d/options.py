@@ -34,6 +34,18 @@ class Options:
         """torch's name: DeviceMesh reads it from a backend_override's options."""
         return None if self.timeout is None else datetime.timedelta(seconds=self.timeout)
 
+    def __post_init__(self):
+        """Bad options raise where the group is made, not at its first op."""
+        if self.compress not in ("auto", "always", "never"):
+            raise ValueError(f"Options.compress must be 'auto', 'always' or 'never', got {self.compress!r}")
+        if self.transport not in ("auto", "torch", "fabric"):
+            raise ValueError(f"Options.transport must be 'auto', 'torch' or 'fabric', got {self.transport!r}")
+        if self.max_sms is not None and (isinstance(self.max_sms, bool) or not isinstance(self.max_sms, int)
+                                         or self.max_sms < 1):
+            raise ValueError(f"Options.max_sms must be a positive int or None, got {self.max_sms!r}")
+        if self.domains is not None and isinstance(self.domains, str) and self.domains != "host":
+            raise ValueError(f"Options.domains must be None, 'host' or a list of rank lists, got {self.domains!r}")
+
     def communicator_args(self) -> dict:
         return {"compress": self.compress, "transport": self.transport, "domains": self.domains,
                 "max_sms": self.max_sms, "link_gbps": self.link_gbps, "latency_us": self.latency_us,

@@ -14,6 +14,7 @@ from typing import Dict, List, Optional
 
 import torch
 import torch.distributed as dist
+from torch._C import _distributed_c10d as c10d
 
 from ..comm.collectives import ReduceOp
 from ..comm.communicator import TORCH_WORK, Communicator
@@ -31,13 +32,49 @@ from .staged import staged
 _R = dist.ReduceOp.RedOpType
 _OURS = {_R.SUM: ReduceOp.SUM, _R.AVG: ReduceOp.AVG, _R.MIN: ReduceOp.MIN, _R.MAX: ReduceOp.MAX}
 _REDUCIBLE = frozenset((torch.bfloat16, torch.float16, torch.float32, torch.float64))
+# What gloo reduces (CPU tensors, and GPU ones staged through it).
+_GLOO_REDUCES = frozenset((torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.uint8, torch.int8,
+                           torch.int32, torch.int64))
 _KIND = {"gloo": dist.ProcessGroup.BackendType.GLOO, "nccl": dist.ProcessGroup.BackendType.NCCL}
 
 
 def _dense(t) -> bool:
-    """A tensor a Communicator can move as it is."""
-    return (isinstance(t, torch.Tensor) and t.layout == torch.strided and t.is_contiguous()
-            and not t.is_conj() and not t.is_neg() and t.device.type in ("cpu", "cuda"))
+    """A tensor pz serves: strided, any layout (a contiguous stand-in moves;
+    ranks may lay out the same tensor differently, and what is served must
+    not depend on it), its memory holding its values."""
+    return (isinstance(t, torch.Tensor) and t.layout == torch.strided and not t.is_conj() and not t.is_neg()
+            and t.device.type in ("cpu", "cuda"))
+
+
+class _Contig:
+    """Contiguous stand-ins for strided tensors; outputs get their bytes back once the op is done."""
+
+    def __init__(self):
+        self.back = []
+
+    @staticmethod
+    def inp(t: torch.Tensor) -> torch.Tensor:
+        return t if t.is_contiguous() else t.contiguous()
+
+    def out(self, t: torch.Tensor) -> torch.Tensor:
+        if t.is_contiguous():
+            return t
+        c = t.contiguous()
+        self.back.append((t, c))
+        return c
+
+    def then(self, first=None):
+        """The op's copy-out (None when there is none: torch's own Work may then be returned)."""
+        if first is None and not self.back:
+            return None
+        back = self.back
+
+        def run():
+            if first is not None:
+                first()
+            for t, c in back:
+                t.copy_(c)
+        return run
 
 
 def _op(opts) -> Optional[ReduceOp]:
@@ -85,6 +122,14 @@ class ProcessGroupPZ(dist.ProcessGroup):
         self._forwarded: List[object] = []
         self._lock = threading.RLock()  # DDP's reducer posts from autograd threads
         self._closed = False
+        if "cpu" in self.devices:
+            # Made now, with every rank here: never raced by a first op on
+            # another thread. A GPU kind's waits for its first op, after the
+            # program has picked its GPU (torch.cuda.set_device).
+            self._comm(torch.device("cpu"))
+
+    def name(self) -> str:
+        return "pz"
 
     def inner_backend(self) -> str:
         """What a pz.Communicator (or a hook's) made over this group runs on:
@@ -108,10 +153,14 @@ class ProcessGroupPZ(dist.ProcessGroup):
         return c
 
     def _settle_forwarded(self) -> None:
-        while self._forwarded:
-            w = self._forwarded.pop(0)
-            if not w.is_completed():
+        """Finish forwarded ops still running (their errors belong to their
+        own wait(), which reported or will report them)."""
+        pending, self._forwarded = self._forwarded, []
+        for w in pending:
+            try:
                 w.wait()
+            except RuntimeError:
+                pass
 
     def _ours(self, device: torch.device, fn, outputs, then=None):
         """fn(Communicator, async_op) on this device kind's Communicator, as a torch Work."""
@@ -138,7 +187,7 @@ class ProcessGroupPZ(dist.ProcessGroup):
             if inner is None:
                 return staged(self._inner["cpu"].pg, name, args)
             w = getattr(inner.pg, name)(*args)
-            self._forwarded.append(w)
+            self._forwarded = [x for x in self._forwarded if not x.is_completed()] + [w]  # only running ones
             return w
 
     def _served(self, t, dtype_ok=True) -> bool:
@@ -146,29 +195,48 @@ class ProcessGroupPZ(dist.ProcessGroup):
 
     # --- collectives ------------------------------------------------------------
     def allreduce(self, tensors, opts=None):
-        opts = opts if opts is not None else dist.AllreduceOptions()
+        opts = opts if opts is not None else c10d.AllreduceOptions()
         t, op = _one(tensors, "all_reduce"), _op(opts)
         if op is not None and self._served(t, t.dtype in _REDUCIBLE):
-            return self._ours(t.device, lambda c, a: c.all_reduce(t, op=op, async_op=a), [t])
+            k = _Contig()
+            tc = k.out(t)
+            return self._ours(t.device, lambda c, a: c.all_reduce(tc, op=op, async_op=a), [t], k.then())
+        self._reducible("all_reduce", t, opts)
         return self._forward(t.device, "allreduce", tensors, opts)
 
+    def _reducible(self, name: str, t, opts) -> None:
+        """A reduction the inner backend cannot do raises here, naming op and dtype (gloo's own error names neither)."""
+        if not isinstance(t, torch.Tensor) or (t.is_cuda and "cuda" in self._inner):
+            return  # NCCL's own errors
+        r = getattr(opts, "reduceOp", dist.ReduceOp.SUM)
+        kind = getattr(r, "op", r)
+        if t.dtype not in _GLOO_REDUCES:
+            raise TypeError(f"pz backend: {name} of {t.dtype} is not supported: pz reduces bfloat16, float16, "
+                            f"float32 and float64, and its inner gloo only {sorted(str(d) for d in _GLOO_REDUCES)}")
+        if kind == _R.AVG and not t.dtype.is_floating_point:
+            raise TypeError(f"pz backend: {name} with AVG of {t.dtype}: an average of integers is not an integer")
+
     def broadcast(self, tensors, opts=None):
-        opts = opts if opts is not None else dist.BroadcastOptions()
+        opts = opts if opts is not None else c10d.BroadcastOptions()
         t = _one(tensors, "broadcast")
         if self._served(t):
-            return self._ours(t.device, lambda c, a: c.broadcast(t, opts.rootRank, async_op=a), [t])
+            k = _Contig()
+            tc = k.out(t)
+            return self._ours(t.device, lambda c, a: c.broadcast(tc, opts.rootRank, async_op=a), [t], k.then())
         return self._forward(t.device, "broadcast", tensors, opts)
 
     def all_gather_single(self, out, inp, opts=None):
-        opts = opts if opts is not None else dist.AllgatherOptions()
+        opts = opts if opts is not None else c10d.AllgatherOptions()
         if self._served(inp) and _dense(out) and out.dtype == inp.dtype and out.numel() == self.size() * inp.numel():
-            return self._ours(inp.device, lambda c, a: c.all_gather_single(out, inp, async_op=a), [out])
+            k = _Contig()
+            oc, ic = k.out(out), k.inp(inp)
+            return self._ours(inp.device, lambda c, a: c.all_gather_single(oc, ic, async_op=a), [out], k.then())
         return self._forward(inp.device, _name(self, "all_gather_single", "_allgather_base"), out, inp, opts)
 
     _allgather_base = all_gather_single  # torch < 2.13
 
     def allgather(self, output_lists, inputs, opts=None):
-        opts = opts if opts is not None else dist.AllgatherOptions()
+        opts = opts if opts is not None else c10d.AllgatherOptions()
         inp = _one(inputs, "all_gather")
         outs = output_lists[0] if len(output_lists) == 1 else []
         if (self._served(inp) and len(outs) == self.size()
@@ -179,43 +247,52 @@ class ProcessGroupPZ(dist.ProcessGroup):
             def then():
                 for r, o in enumerate(outs):
                     o.copy_(flat[r * n:(r + 1) * n].view(o.shape))
-            return self._ours(inp.device, lambda c, a: c.all_gather_single(flat, inp.reshape(-1), async_op=a),
-                              output_lists, then)
+            ic = _Contig.inp(inp).reshape(-1)
+            return self._ours(inp.device, lambda c, a: c.all_gather_single(flat, ic, async_op=a), output_lists, then)
         return self._forward(inp.device, "allgather", output_lists, inputs, opts)
 
     def reduce_scatter_single(self, out, inp, opts=None):
-        opts = opts if opts is not None else dist.ReduceScatterOptions()
+        opts = opts if opts is not None else c10d.ReduceScatterOptions()
         op = _op(opts)
         if (op is not None and self._served(inp, inp.dtype in _REDUCIBLE) and _dense(out) and out.dtype == inp.dtype
                 and inp.numel() == self.size() * out.numel()):
-            return self._ours(inp.device, lambda c, a: c.reduce_scatter_single(out, inp, op=op, async_op=a), [out])
+            k = _Contig()
+            oc, ic = k.out(out), k.inp(inp)
+            return self._ours(inp.device, lambda c, a: c.reduce_scatter_single(oc, ic, op=op, async_op=a), [out],
+                              k.then())
+        self._reducible("reduce_scatter", inp, opts)
         return self._forward(inp.device, _name(self, "reduce_scatter_single", "_reduce_scatter_base"), out, inp, opts)
 
     _reduce_scatter_base = reduce_scatter_single
 
     def reduce_scatter(self, outputs, input_lists, opts=None):
-        opts = opts if opts is not None else dist.ReduceScatterOptions()
+        opts = opts if opts is not None else c10d.ReduceScatterOptions()
         out, op = _one(outputs, "reduce_scatter"), _op(opts)
         ins = input_lists[0] if len(input_lists) == 1 else []
         if (op is not None and self._served(out, out.dtype in _REDUCIBLE) and len(ins) == self.size()
                 and all(_dense(i) and i.dtype == out.dtype and i.numel() == out.numel() for i in ins)):
             flat = torch.cat([i.reshape(-1) for i in ins])
-            return self._ours(out.device, lambda c, a: c.reduce_scatter_single(out.view(-1), flat, op=op,
-                                                                               async_op=a), outputs)
+            k = _Contig()
+            oc = k.out(out).view(-1)
+            return self._ours(out.device, lambda c, a: c.reduce_scatter_single(oc, flat, op=op, async_op=a), outputs,
+                              k.then())
+        self._reducible("reduce_scatter", out, opts)
         return self._forward(out.device, "reduce_scatter", outputs, input_lists, opts)
 
     def all_to_all_single(self, out, inp, out_splits, in_splits, opts=None):
-        opts = opts if opts is not None else dist.AllToAllOptions()
+        opts = opts if opts is not None else c10d.AllToAllOptions()
         if self._served(inp) and _dense(out) and out.dtype == inp.dtype:
             o, i = (list(out_splits) or None), (list(in_splits) or None)
-            return self._ours(inp.device, lambda c, a: c.all_to_all_single(out, inp, o, i, async_op=a), [out])
+            k = _Contig()
+            oc, ic = k.out(out), k.inp(inp)
+            return self._ours(inp.device, lambda c, a: c.all_to_all_single(oc, ic, o, i, async_op=a), [out], k.then())
         return self._forward(inp.device, _name(self, "all_to_all_single", "alltoall_base"), out, inp, out_splits,
                              in_splits, opts)
 
     alltoall_base = all_to_all_single
 
     def alltoall(self, outputs, inputs, opts=None):
-        opts = opts if opts is not None else dist.AllToAllOptions()
+        opts = opts if opts is not None else c10d.AllToAllOptions()
         ts = list(outputs) + list(inputs)
         if (ts and len(outputs) == len(inputs) == self.size() and all(self._served(t) for t in ts)
                 and len({t.dtype for t in ts}) == 1 and len({t.device for t in ts}) == 1):
@@ -231,12 +308,12 @@ class ProcessGroupPZ(dist.ProcessGroup):
         return self._forward(_device(ts), "alltoall", outputs, inputs, opts)
 
     def all_gather_single_coalesced(self, outs, ins, opts=None):
-        return self._coalesced(outs, ins, opts, self.all_gather_single, dist.AllgatherOptions)
+        return self._coalesced(outs, ins, opts, self.all_gather_single, c10d.AllgatherOptions)
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
     def reduce_scatter_single_coalesced(self, outs, ins, opts=None):
-        return self._coalesced(outs, ins, opts, self.reduce_scatter_single, dist.ReduceScatterOptions)
+        return self._coalesced(outs, ins, opts, self.reduce_scatter_single, c10d.ReduceScatterOptions)
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
@@ -248,26 +325,28 @@ class ProcessGroupPZ(dist.ProcessGroup):
     # --- forwarded as they are ----------------------------------------------------
     def allreduce_coalesced(self, tensors, opts=None):
         return self._forward(_device(tensors), "allreduce_coalesced", tensors,
-                             opts if opts is not None else dist.AllreduceCoalescedOptions())
+                             opts if opts is not None else c10d.AllreduceCoalescedOptions())
 
     def allgather_coalesced(self, output_lists, inputs, opts=None):
         return self._forward(_device(inputs), "allgather_coalesced", output_lists, inputs,
-                             opts if opts is not None else dist.AllgatherOptions())
+                             opts if opts is not None else c10d.AllgatherOptions())
 
     def reduce(self, tensors, opts=None):
-        return self._forward(_device(tensors), "reduce", tensors, opts if opts is not None else dist.ReduceOptions())
+        opts = opts if opts is not None else c10d.ReduceOptions()
+        self._reducible("reduce", _one(tensors, "reduce"), opts)
+        return self._forward(_device(tensors), "reduce", tensors, opts)
 
     def gather(self, outputs, inputs, opts=None):
         return self._forward(_device(inputs), "gather", outputs, inputs,
-                             opts if opts is not None else dist.GatherOptions())
+                             opts if opts is not None else c10d.GatherOptions())
 
     def scatter(self, outputs, inputs, opts=None):
         return self._forward(_device(outputs), "scatter", outputs, inputs,
-                             opts if opts is not None else dist.ScatterOptions())
+                             opts if opts is not None else c10d.ScatterOptions())
 
     def barrier(self, opts=None):
         """Every rank's earlier ops posted, then the inner gloo barrier."""
-        return self._forward(torch.device("cpu"), "barrier", opts if opts is not None else dist.BarrierOptions())
+        return self._forward(torch.device("cpu"), "barrier", opts if opts is not None else c10d.BarrierOptions())
 
     def monitored_barrier(self, timeout=None, wait_all_ranks=False):
         with self._lock:
@@ -298,7 +377,12 @@ class ProcessGroupPZ(dist.ProcessGroup):
                 c._drain()
             self._settle_forwarded()
             p = self._p2ps[t.device.type if t.device.type in self._inner else "cpu"]
-            return p.send(t, peer) if kind == "send" else p.recv(t, peer)
+            if kind == "send":
+                return p.send(_Contig.inp(t), peer)
+            if t.is_contiguous():
+                return p.recv(t, peer)
+            k = _Contig()
+            return works.then(p.recv(k.out(t), peer), [t], k.then())
 
     def _pays(self, kind: str):
         """auto's choice for a point-to-point tensor: the device kind's

@@ -163,6 +163,12 @@ class Joined(dist.Work):
         return self._future
 
 
+def then(w, outputs: List[torch.Tensor], fn: Callable[[], None]) -> Work:
+    """w (ours or torch's), then fn once it is done: one Work."""
+    subs = w._works if isinstance(w, Work) else w._ws if isinstance(w, Joined) else [w]
+    return Work(subs, outputs, fn)
+
+
 def done(outputs: List[torch.Tensor]) -> Work:
     """A Work that is already complete (ops served on the calling thread)."""
     return Work([], outputs)
