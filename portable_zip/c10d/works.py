@@ -66,6 +66,10 @@ class Work(dist.Work):
                     self._then()
                 except BaseException as e:  # noqa: BLE001 - the waiter sees it
                     self._error = e
+            # Done: let go of the ops. Their futures hold callbacks that hold
+            # this Work, a cycle through torch's C++ objects that Python's gc
+            # cannot see (it kept every op's tensors alive).
+            self._works, self._then = [], None
             if self._error is not None:
                 self._future.set_exception(self._error)
             else:

@@ -67,6 +67,9 @@ class Worker:
             with torch.cuda.stream(stream):
                 return fn()
         fut = self._pool.submit(run)
+        # Done ones leave (async ops nobody drains would otherwise hold every
+        # op's future, its callbacks and through them the op's tensors).
+        self._outstanding = [f for f in self._outstanding if not f.done()]
         self._outstanding.append(fut)
         return fut
 
