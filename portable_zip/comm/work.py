@@ -55,7 +55,8 @@ class Worker:
         self._outstanding: List[concurrent.futures.Future] = []
 
     def busy(self) -> bool:
-        return bool(self._outstanding)
+        """An op is queued or running (done ones may linger until the next submit)."""
+        return any(not f.done() for f in self._outstanding)
 
     def submit(self, fn: Callable[[], None]) -> concurrent.futures.Future:
         """fn on the worker, under the caller's current CUDA stream."""
