@@ -46,10 +46,12 @@ def test_gpu_ddp_two_ranks_one_gpu_over_the_fabric():
         pytest.skip(f"the fabric transport is unavailable: {fabric.available()}")
     runs = [Run("ddp", backend="pz", subgroup=True, transport="fabric", compress=m, device="cuda", steps=10)
             for m in ("never", "always")]
+    runs.append(Run("ddp", device="cuda", steps=10))  # plain gloo moving the same CUDA gradients
     res = run_training(2, runs, backend="gloo", env=ENV)
-    for i, run in enumerate(runs):
+    for i, run in enumerate(runs[:2]):
         fps = [res[r][i]["fingerprints"] for r in range(2)]
         assert len(fps[0]) == 10 and fps[0] == fps[1], f"{run}: ranks' parameters differ"
-        assert res[0][i]["losses"][-1] < res[0][i]["losses"][0], f"{run}: did not train"
         _check_stats(run, res[0][i]["group_stats"], DDP_OPS)
     assert res[0][1]["fingerprints"] == res[0][0]["fingerprints"], "compress='always' differs from 'never'"
+    # Two ranks: every gradient sum has two terms, so pz's bytes are gloo's.
+    assert res[0][0]["fingerprints"] == res[0][2]["fingerprints"], "pz over the fabric differs from gloo"
