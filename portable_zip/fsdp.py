@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from .c10d.works import Work as _TorchWork
 from .comm import Communicator, ReduceOp
+from .comm.stats import merged as merged_stats
 
 _R = dist.ReduceOp.RedOpType
 _OURS = {_R.SUM: ReduceOp.SUM, _R.AVG: ReduceOp.AVG, _R.MIN: ReduceOp.MIN, _R.MAX: ReduceOp.MAX}
@@ -50,19 +51,6 @@ def premultiplied(t: torch.Tensor, factor: float) -> torch.Tensor:
     dtype (as torch hands it to NCCL), then one correctly rounded product
     (torch computes 16-bit products in fp32, where they are exact)."""
     return t * float(torch.tensor(factor, dtype=torch.float64).to(t.dtype))
-
-
-def merged_stats(stats) -> dict:
-    """Several Communicator.stats dicts summed, per op."""
-    out: dict = {}
-    for st in stats:
-        for op, s in st.items():
-            o = out.setdefault(op, {"calls": 0, "raw_bytes": 0, "wire_bytes": 0, "time_s": 0.0, "plans": {}})
-            for k in ("calls", "raw_bytes", "wire_bytes", "time_s"):
-                o[k] += s[k]
-            for plan, n in s["plans"].items():
-                o["plans"][plan] = o["plans"].get(plan, 0) + n
-    return out
 
 
 def check_options(compress: str, options: dict) -> None:

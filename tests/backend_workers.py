@@ -391,6 +391,17 @@ def torch_paths(rank, world, seed):
     want = torch.stack([data(seed, r, 4, 6000, torch.bfloat16).reshape(3000, 2)[:, 0].float()
                         for r in range(world)]).max(0).values.bfloat16()
     out.append(same(v.contiguous(), want))
+    # A strided recv, small enough that auto moves it as torch's own recv.
+    sent = data(seed, 0, 5, 1000, torch.float32)
+    if rank == 0:
+        dist.send(sent, 1)
+        out.append(True)
+    elif rank == 1:
+        into = torch.zeros(1000, 2)[:, 1]
+        dist.recv(into, 0)
+        out.append(same(into.contiguous(), sent))
+    else:
+        out.append(True)
     # Forwarded ops are not held once done.
     for _ in range(50):
         dist.all_reduce(torch.ones(1000, dtype=torch.int64))

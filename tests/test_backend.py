@@ -120,7 +120,7 @@ def test_torch_paths_layouts_and_forwarded_ops():
     seed = int(np.random.default_rng().integers(0, 2**31))
     res = ok(run(2, backend_workers.torch_paths, seed, deadline=180))
     for r, v in res.items():
-        assert v == [True, True, True, True, True, True, "pz"], (seed, r, v)
+        assert v == [True, True, True, True, True, True, True, "pz"], (seed, r, v)
 
 
 def test_bad_options_raise_where_the_group_is_made():

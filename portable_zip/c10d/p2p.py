@@ -17,7 +17,6 @@ import concurrent.futures
 import contextlib
 import threading
 import time
-from collections import defaultdict
 from typing import Callable, Dict
 
 import torch
@@ -26,6 +25,7 @@ from .. import codec
 from .._dtypes import CODED, code_of
 from ..comm.errors import MismatchError, PeerError
 from ..comm.group import Group
+from ..comm.stats import Stats
 from ..comm.work import Work as PzWork
 from . import works
 
@@ -43,8 +43,7 @@ class P2P:
         self.hdr, self.data, self.mode = hdr, data, mode
         self.compress_pays, self.max_sms = compress_pays, max_sms or None
         self.wire = data.device
-        self.stats = defaultdict(lambda: {"calls": 0, "raw_bytes": 0, "wire_bytes": 0, "time_s": 0.0,
-                                          "plans": defaultdict(int)})
+        self.stats = Stats()
         self._lanes: Dict[int, concurrent.futures.ThreadPoolExecutor] = {}
         self._lock = threading.Lock()
 
@@ -54,14 +53,6 @@ class P2P:
             return False
         return self.mode == "always" or t.nbytes > AUTO_NATIVE_MAX
 
-    def _record(self, op, plan, t0, raw, wire):
-        s = self.stats[op]
-        s["calls"] += 1
-        s["raw_bytes"] += raw
-        s["wire_bytes"] += wire
-        s["time_s"] += time.perf_counter() - t0
-        s["plans"][plan] += 1
-
     def _on_wire(self, t: torch.Tensor) -> torch.Tensor:
         return t if t.device.type == self.wire.type else t.to(self.wire)
 
@@ -69,7 +60,7 @@ class P2P:
     def send(self, t: torch.Tensor, peer: int):
         t0 = time.perf_counter()
         if not self.headed(t):
-            self._record("send", "native", t0, t.nbytes, t.nbytes)
+            self.stats.record("send", "native", t0, t.nbytes, t.nbytes)
             return works.Joined([self.hdr.pg.send([self._on_wire(t)], peer, 0)], [t])  # with a future, unlike gloo's
         coded = self.mode == "always" or self.compress_pays(t)
         flat = t.reshape(-1)
@@ -81,14 +72,14 @@ class P2P:
             wire, payload = 0, flat.view(torch.uint8)
         head = torch.tensor([MAGIC, code_of(t.dtype), t.numel(), wire], dtype=torch.int64, device=self.wire)
         ws = [self.hdr.pg.send([head], peer, 0), self.data.pg.send([self._on_wire(payload)], peer, 0)]
-        self._record("send", "compressed" if coded else "raw", t0, t.nbytes, wire or t.nbytes)
+        self.stats.record("send", "compressed" if coded else "raw", t0, t.nbytes, wire or t.nbytes)
         return works.joined(ws, [t])
 
     # --- recv ------------------------------------------------------------------
     def recv(self, t: torch.Tensor, peer: int):
         t0 = time.perf_counter()
         if not self.headed(t):
-            self._record("recv", "native", t0, 0, 0)
+            self.stats.record("recv", "native", t0, 0, 0)
             if t.device.type == self.wire.type:
                 return works.Joined([self.hdr.pg.recv([t], peer, 0)], [t])
             host = torch.empty(t.shape, dtype=t.dtype, device=self.wire)
@@ -132,7 +123,7 @@ class P2P:
                 codec.decompress(src, out=t.reshape(-1), max_sms=self.max_sms, check=True)
             else:
                 t.reshape(-1).view(torch.uint8).copy_(src)
-        self._record("recv", "compressed" if wire else "raw", op.t0, 0, 0)
+        self.stats.record("recv", "compressed" if wire else "raw", op.t0, 0, 0)
 
     def close(self) -> None:
         for lane in self._lanes.values():

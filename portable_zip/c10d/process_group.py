@@ -77,10 +77,15 @@ class _Contig:
         return run
 
 
+def _kind(opts):
+    """torch's reduction of opts, as a RedOpType."""
+    r = getattr(opts, "reduceOp", dist.ReduceOp.SUM)
+    return getattr(r, "op", r)
+
+
 def _op(opts) -> Optional[ReduceOp]:
     """Our reduction for torch's, or None (PRODUCT, bitwise, PREMUL_SUM: forwarded)."""
-    r = getattr(opts, "reduceOp", dist.ReduceOp.SUM)
-    return _OURS.get(getattr(r, "op", r))
+    return _OURS.get(_kind(opts))
 
 
 def _one(tensors, what: str) -> torch.Tensor:
@@ -152,6 +157,13 @@ class ProcessGroupPZ(dist.ProcessGroup):
                                                  **self.options.communicator_args())
         return c
 
+    def _drain_ours(self, kinds=None) -> None:
+        """Run the Communicators' queued ops (of kinds, default all) to the end."""
+        for k, c in self._comms.items():
+            if kinds is None or k in kinds:
+                c._flush()
+                c._drain()
+
     def _settle_forwarded(self) -> None:
         """Finish forwarded ops still running (their errors belong to their
         own wait(), which reported or will report them)."""
@@ -180,9 +192,7 @@ class ProcessGroupPZ(dist.ProcessGroup):
         """torch's own op on the inner backend (staged through host memory
         where GPU tensors have no NCCL here)."""
         with self._lock:
-            for c in self._comms.values():
-                c._flush()
-                c._drain()
+            self._drain_ours()
             inner = self._inner.get(device.type)
             if inner is None:
                 return staged(self._inner["cpu"].pg, name, args)
@@ -208,12 +218,10 @@ class ProcessGroupPZ(dist.ProcessGroup):
         """A reduction the inner backend cannot do raises here, naming op and dtype (gloo's own error names neither)."""
         if not isinstance(t, torch.Tensor) or (t.is_cuda and "cuda" in self._inner):
             return  # NCCL's own errors
-        r = getattr(opts, "reduceOp", dist.ReduceOp.SUM)
-        kind = getattr(r, "op", r)
         if t.dtype not in _GLOO_REDUCES:
             raise TypeError(f"pz backend: {name} of {t.dtype} is not supported: pz reduces bfloat16, float16, "
                             f"float32 and float64, and its inner gloo only {sorted(str(d) for d in _GLOO_REDUCES)}")
-        if kind == _R.AVG and not t.dtype.is_floating_point:
+        if _kind(opts) == _R.AVG and not t.dtype.is_floating_point:
             raise TypeError(f"pz backend: {name} with AVG of {t.dtype}: an average of integers is not an integer")
 
     def broadcast(self, tensors, opts=None):
@@ -231,7 +239,7 @@ class ProcessGroupPZ(dist.ProcessGroup):
             k = _Contig()
             oc, ic = k.out(out), k.inp(inp)
             return self._ours(inp.device, lambda c, a: c.all_gather_single(oc, ic, async_op=a), [out], k.then())
-        return self._forward(inp.device, _name(self, "all_gather_single", "_allgather_base"), out, inp, opts)
+        return self._forward(inp.device, _ALL_GATHER, out, inp, opts)
 
     _allgather_base = all_gather_single  # torch < 2.13
 
@@ -261,7 +269,7 @@ class ProcessGroupPZ(dist.ProcessGroup):
             return self._ours(inp.device, lambda c, a: c.reduce_scatter_single(oc, ic, op=op, async_op=a), [out],
                               k.then())
         self._reducible("reduce_scatter", inp, opts)
-        return self._forward(inp.device, _name(self, "reduce_scatter_single", "_reduce_scatter_base"), out, inp, opts)
+        return self._forward(inp.device, _REDUCE_SCATTER, out, inp, opts)
 
     _reduce_scatter_base = reduce_scatter_single
 
@@ -286,7 +294,7 @@ class ProcessGroupPZ(dist.ProcessGroup):
             k = _Contig()
             oc, ic = k.out(out), k.inp(inp)
             return self._ours(inp.device, lambda c, a: c.all_to_all_single(oc, ic, o, i, async_op=a), [out], k.then())
-        return self._forward(inp.device, _name(self, "all_to_all_single", "alltoall_base"), out, inp, out_splits,
+        return self._forward(inp.device, _ALL_TO_ALL, out, inp, out_splits,
                              in_splits, opts)
 
     alltoall_base = all_to_all_single
@@ -350,14 +358,12 @@ class ProcessGroupPZ(dist.ProcessGroup):
 
     def monitored_barrier(self, timeout=None, wait_all_ranks=False):
         with self._lock:
-            for c in self._comms.values():
-                c._flush()
-                c._drain()
+            self._drain_ours()
         return self._inner["cpu"].pg._get_backend(torch.device("cpu")).monitored_barrier(timeout, wait_all_ranks)
 
     # --- point to point -------------------------------------------------------------
-    # Matched per peer in posting order, as NCCL does (tags are not used);
-    # isend/irecv posted before a wait run as one exchange (batch_isend_irecv).
+    # torch's matching: each send meets the peer's recv in posting order,
+    # whatever either side batches or waits on (p2p.py); tags are not used.
     def send(self, tensors, dst: int, tag: int = 0):
         return self._p2p("send", tensors, dst, tag)
 
@@ -371,10 +377,7 @@ class ProcessGroupPZ(dist.ProcessGroup):
         if not 0 <= peer < self.size() or peer == self.rank():
             raise ValueError(f"pz backend: {kind} peer {peer} is not another rank of this group (size {self.size()})")
         with self._lock:
-            c = self._comms.get(t.device.type)
-            if c is not None:  # its queued ops on this tensor go first
-                c._flush()
-                c._drain()
+            self._drain_ours((t.device.type,))  # its queued ops on this tensor go first
             self._settle_forwarded()
             p = self._p2ps[t.device.type if t.device.type in self._inner else "cpu"]
             if kind == "send":
@@ -398,7 +401,7 @@ class ProcessGroupPZ(dist.ProcessGroup):
                            "source rank; pz matches transfers per peer in posting order, as NCCL does")
 
     def _start_coalescing(self, device):
-        pass  # isend/irecv are grouped until a wait anyway
+        pass  # each isend/irecv is posted at once and matched in order: nothing to group
 
     def _end_coalescing(self, device):
         return works.done([])
@@ -426,8 +429,9 @@ class ProcessGroupPZ(dist.ProcessGroup):
         with point to point's (send, recv) beside them."""
         out = {k: dict(c.stats) for k, c in self._comms.items()}
         for k, p in self._p2ps.items():
-            for op, s in p.stats.items():
-                out.setdefault(k, {})[op] = {**s, "plans": dict(s["plans"])}
+            v = p.stats.view()
+            if v:
+                out.setdefault(k, {}).update(v)
         return out
 
     def communicator(self, device="cpu") -> Optional[Communicator]:
@@ -435,16 +439,21 @@ class ProcessGroupPZ(dist.ProcessGroup):
         return self._comms.get(torch.device(device).type)
 
 
-def _name(pg, new: str, old: str) -> str:
+def _name(new: str, old: str) -> str:
     """torch's own name of an op: torch 2.13 renamed several."""
     return new if hasattr(dist.ProcessGroup, new) else old
 
 
+_ALL_GATHER = _name("all_gather_single", "_allgather_base")
+_REDUCE_SCATTER = _name("reduce_scatter_single", "_reduce_scatter_base")
+_ALL_TO_ALL = _name("all_to_all_single", "alltoall_base")
+
+
 def _device(tensors) -> torch.device:
-    flat = [t for x in tensors for t in (x if isinstance(x, (list, tuple)) else [x])]
-    if not flat:
+    t = works.first_tensor(tensors)
+    if t is None:
         raise ValueError("pz backend: an op with no tensors")
-    return flat[0].device
+    return t.device
 
 
 def _agree_options(group: Group, options: Options, timeout: float) -> None:

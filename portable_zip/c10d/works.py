@@ -33,7 +33,7 @@ class Work(dist.Work):
         self._works, self._outputs, self._then = list(works), outputs, then
         self._stream = None
         devices = []
-        first = _first_tensor(outputs)
+        first = first_tensor(outputs)
         if first is not None and first.is_cuda:
             self._stream = torch.cuda.current_stream(first.device)
             devices = [first.device]
@@ -107,12 +107,12 @@ class Work(dist.Work):
         return self._outputs
 
 
-def _first_tensor(x) -> Optional[torch.Tensor]:
+def first_tensor(x) -> Optional[torch.Tensor]:
     """The first tensor of outputs (a list, or torch's list of lists)."""
     if isinstance(x, torch.Tensor):
         return x
     for v in x:
-        t = _first_tensor(v)
+        t = first_tensor(v)
         if t is not None:
             return t
     return None
@@ -141,14 +141,26 @@ class Joined(dist.Work):
     def __init__(self, ws, outputs: List[torch.Tensor]):
         super().__init__()
         self._ws, self._outputs, self._future = list(ws), outputs, None
+        # gloo's send/recv Works may be waited for once: a second waiter
+        # (the future's thread beside the caller) waits for the next
+        # transfer's completion, which never comes.
+        self._lock, self._waited = threading.Lock(), False
 
     def wait(self, timeout=None) -> bool:
-        for w in self._ws:
-            w.wait(timeout) if timeout is not None else w.wait()
+        s = _seconds(timeout)
+        if not self._lock.acquire(timeout=-1 if s is None else s):
+            raise RuntimeError(f"pz backend: wait timed out after {s:g} s (another thread is waiting for this Work)")
+        try:
+            if not self._waited:
+                for w in self._ws:
+                    w.wait(timeout) if timeout is not None else w.wait()
+                self._waited = True
+        finally:
+            self._lock.release()
         return True
 
     def is_completed(self) -> bool:
-        return all(w.is_completed() for w in self._ws)
+        return self._waited or all(w.is_completed() for w in self._ws)
 
     def result(self) -> List[torch.Tensor]:
         return self._outputs
@@ -169,8 +181,8 @@ class Joined(dist.Work):
 
 def then(w, outputs: List[torch.Tensor], fn: Callable[[], None]) -> Work:
     """w (ours or torch's), then fn once it is done: one Work."""
-    subs = w._works if isinstance(w, Work) else w._ws if isinstance(w, Joined) else [w]
-    return Work(subs, outputs, fn)
+    # A Joined stays whole: gloo's send/recv Works have no future, a Joined makes one.
+    return Work(w._works if isinstance(w, Work) else [w], outputs, fn)
 
 
 def done(outputs: List[torch.Tensor]) -> Work:

@@ -8,7 +8,6 @@ import concurrent.futures
 import math
 import numbers
 import time
-from collections import defaultdict
 from typing import Optional
 
 import torch
@@ -26,6 +25,7 @@ from .pipeline import exchange
 from .plans import Plans
 from .policy import Policy
 from .setup import device_of, open_transport, private_group, timeout_of
+from .stats import Stats
 from .transports import fabric
 from .transports.torch import movable
 from .work import Work, Worker
@@ -97,8 +97,7 @@ class Communicator:
                              _given(codec_gbps, s.codec_gbps), _given(margin, s.policy_margin),
                              costs=self.tp.costs, cross_pairs=cross)
         self._plans = Plans(compress, self.policy, self.rank, self.world, lay.domain_of, lay.native, lay.mixed)
-        self._stats = {op: {"calls": 0, "raw_bytes": 0, "wire_bytes": 0, "time_s": 0.0,
-                            "plans": defaultdict(int)} for op in agree.OPS}
+        self._stats = Stats()
         self._pending = []
         self._worker = Worker(self.device)
         # Native plans on NCCL are stream-ordered like torch.distributed's own
@@ -119,7 +118,7 @@ class Communicator:
     # --- plumbing -------------------------------------------------------------
     @property
     def stats(self) -> dict:
-        return {op: {**s, "plans": dict(s["plans"])} for op, s in self._stats.items() if s["calls"]}
+        return self._stats.view()
 
     def _budget(self) -> int:
         """The SM budget of a call's codec launches (0: all): max_sms, capped
@@ -148,12 +147,7 @@ class Communicator:
         self._worker.drain()
 
     def _record(self, op, plan, t0, raw, wire, calls: int = 1):
-        s = self._stats[op]
-        s["calls"] += calls
-        s["raw_bytes"] += int(raw)
-        s["wire_bytes"] += int(wire)
-        s["time_s"] += time.perf_counter() - t0
-        s["plans"][plan] += calls
+        self._stats.record(op, plan, t0, raw, wire, calls)
 
     def _open(self) -> None:
         if self._closed:

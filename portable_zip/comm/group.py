@@ -107,9 +107,6 @@ class Group:
     def all_to_all(self, out: torch.Tensor, inp: torch.Tensor, out_splits, in_splits):
         return self.pg.alltoall_base(out, inp, list(out_splits), list(in_splits), dist.AllToAllOptions())
 
-    def barrier(self):
-        return self.pg.barrier(_opts(dist.BarrierOptions, timeout=datetime.timedelta(seconds=self.timeout)))
-
     def close(self) -> None:
         """Release the backend's threads and sockets (NCCL: its communicators)."""
         pg, self.pg = self.pg, None
