@@ -7,6 +7,7 @@ no torch group can be made yet). Ranks are the group's own throughout."""
 from __future__ import annotations
 
 import datetime
+import os
 import threading
 from collections import defaultdict
 from typing import List, Optional, Sequence
@@ -48,7 +49,10 @@ class Group:
 
     def __init__(self, store, rank: int, ranks: Sequence[int], backend: str, timeout: float, name: str):
         self.rank, self.size, self.ranks = rank, len(ranks), list(ranks)
-        self.backend, self.timeout, self.name = backend, float(timeout), name
+        self.backend, self.timeout = backend, float(timeout)
+        self.secret = _run_secret(PrefixStore(f"pz/{name}/", store), rank, self.timeout)
+        # Differs per run: nobody can write this run's keys ahead of it.
+        self.name = name = f"{name}.{self.secret[:6].hex()}"
         self.store = PrefixStore(f"pz/{name}/", store)  # ours: swaps (groups.py) and the backend's rendezvous
         self._base = store
         self.device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
@@ -127,6 +131,22 @@ def _made_from(cls, store, rank, ranks, backend, timeout, pname) -> Group:
         if "timeout" in str(e).lower() or "timed out" in str(e).lower():
             raise PeerTimeout(f"a peer did not construct its Communicator within {timeout:g} s") from e
         raise
+
+
+def _run_secret(store, rank: int, timeout: float) -> bytes:
+    """16 random bytes drawn by the group's rank 0 and read by the others:
+    this run's group name and the key of what its ranks check in each
+    other's records and messages (docs/TRANSPORT.md, threat model)."""
+    if rank == 0:
+        secret = os.urandom(16)
+        store.set("secret", secret)
+        return secret
+    store.wait(["secret"], datetime.timedelta(seconds=timeout))
+    secret = store.get("secret")
+    if len(secret) != 16:
+        raise ValueError(f"the store key 'secret' of this group holds {len(secret)} bytes, not 16: "
+                         "something else wrote it")
+    return secret
 
 
 def _build(store, rank: int, ranks: List[int], backend: str, timeout: float, name: str):
