@@ -48,6 +48,7 @@ class Settings:
     link_latency_us: Optional[float] = None  # PZ_LINK_LATENCY_US
     codec_gbps: Optional[float] = None       # PZ_CODEC_GBPS
     policy_margin: Optional[float] = None    # PZ_POLICY_MARGIN (default 0.05)
+    heartbeat_timeout: Optional[float] = None  # PZ_HEARTBEAT_TIMEOUT: seconds of a peer's silence that mean it is dead (4)
     # The fabric's, as given: parsed by fabric() when a fabric is made, so a
     # bad value never breaks a Communicator that does not use it.
     fabric_provider: str = ""        # PZ_FABRIC_PROVIDER: force one ("tcp;ofi_rxm", "efa", "shm", ...)
@@ -56,6 +57,7 @@ class Settings:
     fabric_depth: str = ""           # PZ_FABRIC_DEPTH: chunks in flight per peer and direction (max(4, 2 x rails))
     fabric_stage: bool = False       # PZ_FABRIC_STAGE=1: stage host memory too
     fabric_spin: str = ""            # PZ_FABRIC_SPIN: idle polls before the progress thread sleeps (2000)
+    fabric_iface: str = ""           # PZ_FABRIC_IFACE: the interface endpoints bind to (default: loopback on one host)
 
     @classmethod
     def from_env(cls, env: Optional[Mapping[str, str]] = None) -> "Settings":
@@ -72,16 +74,20 @@ class Settings:
             link_latency_us=_float(env, "PZ_LINK_LATENCY_US"),
             codec_gbps=_float(env, "PZ_CODEC_GBPS"),
             policy_margin=_float(env, "PZ_POLICY_MARGIN"),
+            heartbeat_timeout=_float(env, "PZ_HEARTBEAT_TIMEOUT"),
             fabric_provider=env.get("PZ_FABRIC_PROVIDER", ""),
             fabric_rails=env.get("PZ_FABRIC_RAILS", ""),
             fabric_chunk=env.get("PZ_FABRIC_CHUNK", ""),
             fabric_depth=env.get("PZ_FABRIC_DEPTH", ""),
             fabric_stage=env.get("PZ_FABRIC_STAGE") == "1",
             fabric_spin=env.get("PZ_FABRIC_SPIN", ""),
+            fabric_iface=env.get("PZ_FABRIC_IFACE", ""),
         )
         if s.piece_bytes < 0 or s.wave_bytes < 1:
             raise ValueError(f"PZ_PIECE_BYTES must be >= 0 and PZ_WAVE_BYTES >= 1, got {s.piece_bytes}, "
                              f"{s.wave_bytes}")
+        if s.heartbeat_timeout is not None and not 0 < s.heartbeat_timeout < float("inf"):
+            raise ValueError(f"PZ_HEARTBEAT_TIMEOUT must be a positive number of seconds, got {s.heartbeat_timeout}")
         if s.max_sms is not None and s.max_sms < 1:
             raise ValueError(f"PZ_MAX_SMS must be >= 1, got {s.max_sms}")
         return s
