@@ -1,4 +1,4 @@
-"""Soak: 3 ranks run 5,000 random ops (PZ_SOAK_OPS to change it) of every
+"""Soak: 3 ranks run 2,000 random ops (PZ_SOAK_OPS for a longer soak) of every
 kind, dtype (bf16, fp16, fp32, fp8 e4m3fn/e5m2, int32), log-uniform size up
 to 8 MiB and mode (auto, always, never, and an auto told of a slow link so its
 plan switches with the size), each checked against torch.distributed on the
@@ -13,7 +13,7 @@ import numpy as np
 import comm_harness
 import comm_soak_workers as csw
 
-OPS = int(os.environ.get("PZ_SOAK_OPS", 5000))
+OPS = int(os.environ.get("PZ_SOAK_OPS", 2000))
 
 
 def test_soak(monkeypatch):
