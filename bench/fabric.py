@@ -214,6 +214,9 @@ def p2p_worker(rank, world, how, sizes, on_cuda, quick):
             row["plan"] = "/".join(p for p in s["plans"] if s["plans"][p] > plans.get(p, 0)) or "-"
             raw = s["raw_bytes"] - before.get("raw_bytes", 0)
             row["ratio"] = (s["wire_bytes"] - before.get("wire_bytes", 0)) / raw if raw else 1.0
+            if comm.policy.cal is not None:  # what auto's cost model expected of each plan (ms)
+                native, coded = comm.policy.predict("send", src.dtype, size, 2)
+                row["predicted_ms"] = {"raw": native * 1e3, "compressed": coded * 1e3}
         rows.append(row)
     if comm is not None:
         comm.close()
