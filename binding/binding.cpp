@@ -321,10 +321,12 @@ NB_MODULE(_C, m) {
   m.def("fabric_probe", &fabric::probe);
   nb::class_<Engine>(m, "FabricEngine")
       .def("__init__", [](Engine* self, const std::string& provider, int rails, uint64_t chunk, int depth,
-                          bool stage_host, int device, int rank, int world, bool same_host, int spin) {
+                          bool stage_host, int device, int rank, int world, bool same_host, int spin,
+                          const nb::bytes& secret, const std::string& iface) {
         fabric::Config c;
         c.provider = provider, c.rails = rails, c.chunk = chunk, c.depth = depth, c.stage_host = stage_host;
         c.device = device, c.rank = rank, c.world = world, c.same_host = same_host, c.spin = spin;
+        c.secret.assign(static_cast<const char*>(secret.data()), secret.size()), c.iface = iface;
         nb::gil_scoped_release release;
         new (self) Engine(c);
       })

@@ -7,6 +7,10 @@
 #include <rdma/fi_errno.h>
 #include <rdma/fi_tagged.h>
 
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -14,6 +18,7 @@
 #include <stdexcept>
 
 #include "fabric_lib.h"
+#include "keyed.h"  // tags keyed by the group's secret
 #include "portable_zip/format.h"       // a sized message's length: the stream's own
 #include "portable_zip/gpu_runtime.h"  // staging copies of GPU memory
 
@@ -25,12 +30,25 @@ constexpr uint32_t kMaxChunks = 1u << 24;  // chunk index bits of a tag
 constexpr char kAddrMagic[4] = {'P', 'Z', 'F', '1'};
 constexpr size_t kProvField = 32;
 
-// tag: source rank (16 bits) | message sequence of the pair (24) | chunk (24).
-// Both ends count a pair's messages in posting order, so tags match without
-// a round trip, and the source rank keeps FI_ADDR_UNSPEC receives apart.
-uint64_t make_tag(int src, uint32_t seq, uint32_t idx) {
-  return (static_cast<uint64_t>(src & 0xFFFF) << 48) | (static_cast<uint64_t>(seq & 0xFFFFFF) << 24) |
-         (idx & 0xFFFFFF);
+// The plain tag: source rank (16 bits) | message sequence of the pair (24) |
+// chunk (24). Both ends count a pair's messages in posting order, so tags
+// match without a round trip, and the source rank keeps receives apart where
+// the provider cannot direct them. On the wire it is permuted under the
+// group's secret with the receiver as tweak: a bijection, so one receiver's
+// tags stay distinct, while a process without the secret hits a posted
+// receive with probability (receives posted) / 2^64.
+uint64_t wire_tag(const Config& cfg, int src, int dst, uint32_t seq, uint32_t idx) {
+  const uint64_t plain = (static_cast<uint64_t>(src & 0xFFFF) << 48) |
+                         (static_cast<uint64_t>(seq & 0xFFFFFF) << 24) | (idx & 0xFFFFFF);
+  return keyed::permute64(reinterpret_cast<const uint8_t*>(cfg.secret.data()), static_cast<uint32_t>(dst), plain);
+}
+
+// Providers whose endpoint names are IP socket addresses, so a node address
+// with FI_SOURCE picks the interface they listen on (shm is host-local; efa
+// names a device, not an address).
+bool ip_named(const std::string& prov) {
+  return prov.find("tcp") != std::string::npos || prov.find("sockets") != std::string::npos ||
+         prov.find("verbs") != std::string::npos || prov.find("udp") != std::string::npos;
 }
 
 // A deadline d from now for condition_variable::wait_until, on system_clock:
@@ -99,6 +117,29 @@ struct Pair {
 
 std::string probe() { return load_error(); }
 
+std::string bind_address(const std::string& iface, bool same_host) {
+  std::string ip;
+  if (!iface.empty()) {  // checked even on one host, where loopback wins: a typo shows at once
+    ifaddrs* all = nullptr;
+    if (getifaddrs(&all) != 0) throw std::runtime_error("PZ_FABRIC_IFACE: cannot list this host's interfaces");
+    bool seen = false;
+    for (ifaddrs* i = all; i; i = i->ifa_next) {
+      if (!i->ifa_name || iface != i->ifa_name) continue;
+      seen = true;
+      if (ip.empty() && i->ifa_addr && i->ifa_addr->sa_family == AF_INET) {
+        char buf[INET_ADDRSTRLEN];
+        inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(i->ifa_addr)->sin_addr, buf, sizeof buf);
+        ip = buf;
+      }
+    }
+    freeifaddrs(all);
+    if (ip.empty())
+      throw std::invalid_argument("PZ_FABRIC_IFACE='" + iface + "': " +
+                                  (seen ? "the interface has no IPv4 address" : "no such network interface on this host"));
+  }
+  return same_host ? "127.0.0.1" : ip;
+}
+
 Engine::Engine(const Config& cfg) : cfg_(cfg) {
   if (cfg_.rails < 1 || cfg_.rails > 16) throw std::invalid_argument("PZ_FABRIC_RAILS must be 1 to 16");
   if (cfg_.chunk < kMinChunk || cfg_.chunk > (1ull << 30))
@@ -122,6 +163,9 @@ Engine::Engine(const Config& cfg) : cfg_(cfg) {
 Engine::~Engine() { close(); }
 
 void Engine::open_provider() {
+  if (cfg_.secret.size() != 16)
+    throw std::invalid_argument("fabric: the group's secret must be 16 bytes, got " + std::to_string(cfg_.secret.size()));
+  bind_ip_ = bind_address(cfg_.iface, cfg_.same_host);
   const Lib& L = lib();
   const uint32_t v = L.version();
   const uint32_t api = FI_VERSION(FI_MAJOR(v), std::min<uint32_t>(FI_MINOR(v), 18));
@@ -134,16 +178,17 @@ void Engine::open_provider() {
     if (FI_MINOR(v) >= 18) order.push_back("tcp");  // xnet: RDM natively
     order.push_back("tcp;ofi_rxm");
   }
-  auto query = [&](const std::string& prov, bool hmem, fi_info** out, fi_threading threading) {
+  auto query = [&](const std::string& prov, bool hmem, fi_info** out, fi_threading threading, bool directed) {
     fi_info* hints = L.dupinfo(nullptr);
     hints->ep_attr->type = FI_EP_RDM;
-    hints->caps = FI_TAGGED | FI_MSG | (hmem ? FI_HMEM : 0);
+    hints->caps = FI_TAGGED | FI_MSG | (hmem ? FI_HMEM : 0) | (directed ? FI_DIRECTED_RECV : 0);
     hints->mode = FI_CONTEXT | FI_CONTEXT2;
     hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY |
                                   (hmem ? FI_MR_HMEM : 0);
     hints->domain_attr->threading = threading;
     hints->fabric_attr->prov_name = strdup(prov.c_str());
-    const int rc = L.getinfo(api, nullptr, nullptr, 0, hints, out);
+    const bool bind = !bind_ip_.empty() && ip_named(prov);  // listen on that address only
+    const int rc = L.getinfo(api, bind ? bind_ip_.c_str() : nullptr, nullptr, bind ? FI_SOURCE : 0, hints, out);
     L.freeinfo(hints);
     return rc;
   };
@@ -151,10 +196,16 @@ void Engine::open_provider() {
   for (const auto& prov : order) {
     // FI_THREAD_SAFE: each rail's pump thread reads its completion queue (where
     // tcp moves the bytes) while the progress thread posts. Else one thread does all.
+    // FI_DIRECTED_RECV: a receive matches only its peer's address; without it, tags alone.
     fi_info* got = nullptr;
-    int rc = cfg_.rails > 1 ? query(prov, false, &got, FI_THREAD_SAFE) : -FI_ENODATA;
-    threads_safe_ = rc == 0 && got;
-    if (!threads_safe_) rc = query(prov, false, &got, FI_THREAD_DOMAIN);
+    int rc = -FI_ENODATA;
+    for (bool directed : {true, false}) {
+      rc = cfg_.rails > 1 ? query(prov, false, &got, FI_THREAD_SAFE, directed) : -FI_ENODATA;
+      threads_safe_ = rc == 0 && got;
+      if (!threads_safe_) rc = query(prov, false, &got, FI_THREAD_DOMAIN, directed);
+      directed_ = directed;
+      if (rc == 0 && got) break;
+    }
     if (rc != 0 || !got) {
       tried += "\n  " + prov + ": " + err_text(rc);
       continue;
@@ -162,7 +213,7 @@ void Engine::open_provider() {
     info_ = L.dupinfo(got);  // the first match only
     L.freeinfo(got);
     fi_info* h = nullptr;
-    hmem_ = query(prov, true, &h, FI_THREAD_DOMAIN) == 0 && h;
+    hmem_ = query(prov, true, &h, FI_THREAD_DOMAIN, directed_) == 0 && h;
     if (h) L.freeinfo(h);
     try {
       open_endpoints();
@@ -213,6 +264,9 @@ void Engine::open_endpoints() {
     check(fi_getname(&r.ep->fid, r.name.data(), &len), "fi_getname");
     r.name.resize(len);
   }
+  char text[256];  // the first rail's name as the provider writes it (where it listens)
+  size_t tlen = sizeof text;
+  endpoint_ = fi_av_straddr(rails_[0].av, rails_[0].name.data(), text, &tlen) ? std::string(text) : "";
 }
 
 // Endpoints first: closing them cancels every posted operation, so the
@@ -457,9 +511,10 @@ bool Engine::post_wire(Chunk* c) {
   const int peer = x->op.peer;
   ssize_t rc;
   if (x->send())
-    rc = fi_tsend(r.ep, buf, c->len, desc, r.addr[peer], make_tag(cfg_.rank, x->seq, c->idx), &c->ctx);
+    rc = fi_tsend(r.ep, buf, c->len, desc, r.addr[peer], wire_tag(cfg_, cfg_.rank, peer, x->seq, c->idx), &c->ctx);
   else
-    rc = fi_trecv(r.ep, buf, c->len, desc, FI_ADDR_UNSPEC, make_tag(peer, x->seq, c->idx), 0, &c->ctx);
+    rc = fi_trecv(r.ep, buf, c->len, desc, directed_ ? r.addr[peer] : FI_ADDR_UNSPEC,
+                  wire_tag(cfg_, peer, cfg_.rank, x->seq, c->idx), 0, &c->ctx);
   if (rc == -FI_EAGAIN) return false;
   if (rc) throw std::runtime_error(std::string(x->send() ? "posting a send to rank " : "posting a receive from rank ") +
                                    std::to_string(peer) + ": " + err_text(static_cast<int>(rc)));
@@ -764,6 +819,10 @@ std::map<std::string, std::string> Engine::info() const {
   m["threads"] = threads_safe_ ? "a pump per rail + progress (FI_THREAD_SAFE)" : "one progress thread";
   m["hmem"] = hmem_ ? "offered (device memory still staged)" : "no";
   m["mr_local"] = mr_local_ ? "yes (host memory staged through registered slots)" : "no";
+  m["keyed_tags"] = "yes (SipHash-2-4 Feistel permutation under the group's secret, per receiver)";
+  m["directed_recv"] = directed_ ? "yes (FI_DIRECTED_RECV: a receive matches its peer's address only)" : "no (tags alone)";
+  m["bind"] = bind_ip_.empty() ? "the provider's default interface" : bind_ip_;
+  m["endpoint"] = endpoint_;
   m["error"] = error_;
   return m;
 }

@@ -50,6 +50,8 @@ struct Config {
   int rank = 0, world = 1;
   bool same_host = false;     // every rank on this host: auto tries shm first
   int spin = 2000;            // idle polls before the progress thread starts sleeping
+  std::string secret;         // the group's 16 random bytes: keys every tag (keyed.h), so only its ranks match
+  std::string iface;          // PZ_FABRIC_IFACE: bind there ("" and not same_host: libfabric's choice)
 };
 
 struct Chunk;
@@ -125,7 +127,9 @@ class Engine {
   fi_info* info_ = nullptr;
   fid_fabric* fabric_ = nullptr;
   std::vector<Rail> rails_;
-  bool mr_local_ = false, hmem_ = false, threads_safe_ = false;
+  bool mr_local_ = false, hmem_ = false, threads_safe_ = false, directed_ = false;
+  std::string bind_ip_;   // the IPv4 address the endpoints listen on ("": the provider's choice)
+  std::string endpoint_;  // rail 0's name as text, for info()
   std::mutex cq_mu_;  // the pumps' completions, for the progress thread
   std::condition_variable cq_cv_;
   std::vector<Done> done_;
@@ -150,5 +154,9 @@ class Engine {
 };
 
 std::string probe();  // "" when libfabric loads, else why not
+// The IPv4 address endpoints bind to: loopback when every rank is on this
+// host, else iface's (PZ_FABRIC_IFACE), else "" (libfabric's default).
+// An unknown interface, or one without an IPv4 address, is invalid_argument.
+std::string bind_address(const std::string& iface, bool same_host);
 
 }  // namespace pz::fabric

@@ -53,7 +53,7 @@ class FabricTransport(Transport):
         try:
             self.engine = _C.FabricEngine(provider, rails, chunk, depth, stage,
                                           device.index if device.type == "cuda" else -1, self.rank, self.world,
-                                          same_host, spin)
+                                          same_host, spin, group.secret, settings.fabric_iface)
         except RuntimeError as e:
             raise RuntimeError(f"transport='fabric': {e}") from None
         self.info = self.engine.info()
