@@ -20,6 +20,7 @@
 #if defined(PZ_WITH_FABRIC)
 #include "transport/engine.h"
 #endif
+#include "transport/watch.h"
 
 namespace nb = nanobind;
 using namespace pz;
@@ -373,4 +374,34 @@ NB_MODULE(_C, m) {
   m.def("fabric_probe", [] { return std::string("this build has no fabric transport (libfabric headers were not found "
                                                 "at build time: install libfabric-dev and rebuild)"); });
 #endif
+
+  // The liveness watch (transport/watch.h): a heartbeat thread per
+  // Communicator; dead() is None or (group rank, why).
+  nb::class_<watch::Watch>(m, "LivenessWatch")
+      .def("__init__", [](watch::Watch* self, int rank, const std::vector<int64_t>& global, nb::bytes secret,
+                          double silence_s, const std::string& host, const std::string& iface) {
+        new (self) watch::Watch(rank, global, std::string(static_cast<const char*>(secret.data()), secret.size()),
+                                silence_s, host, iface);
+      })
+      .def("address", &watch::Watch::address)
+      .def("connect", &watch::Watch::connect, nb::call_guard<nb::gil_scoped_release>())
+      .def("dead", [](const watch::Watch& w) -> nb::object {
+        int rank;
+        std::string why;
+        if (!w.failed(&rank, &why)) return nb::none();
+        return nb::make_tuple(rank, why);
+      })
+      .def("departed", [](const watch::Watch& w) {
+        nb::list out;
+        for (const auto& [rank, why] : w.departed()) out.append(nb::make_tuple(rank, why));
+        return out;
+      })
+      .def("expect", &watch::Watch::expect)
+#if defined(PZ_WITH_FABRIC)
+      // A failure aborts the engine: its blocked wait raises why at once.
+      .def("attach", [](watch::Watch& w, fabric::Engine& e) {
+        w.attach([&e](const std::string& why) { e.abort(why); });
+      }, nb::keep_alive<1, 2>())
+#endif
+      .def("close", &watch::Watch::close, nb::call_guard<nb::gil_scoped_release>());
 }

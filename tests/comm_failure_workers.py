@@ -46,7 +46,8 @@ MODES = {
     "never": ({"compress": "never"}, "raw"),
 }
 PHASES = ["before", "control", "data"]
-TIMEOUT = 3.0           # the communicator's timeout in the matrix
+TIMEOUT = 3.0           # the communicator's timeout in the matrix: it bounds the op, not construction
+CONSTRUCT_TIMEOUT = 60.0  # construction's bound: a loaded 2-core machine takes seconds to construct
 SLACK = 2.0             # survivors must raise within TIMEOUT + SLACK of entering the op
 NUMEL = 200_000         # bf16 elements per tensor: auto-compressed picks the compressed plan at this size
 SMALL_WAVE = 64 << 10   # PZ_WAVE_BYTES in isend batches: several waves, so a raw batch has a later wave
@@ -297,8 +298,81 @@ def _wait_dead(pid, limit=10.0):
 
 
 def _make_comm(pz, mode, timeout):
+    """Constructed under CONSTRUCT_TIMEOUT; its ops then run under timeout
+    (every op reads comm.timeout when it starts)."""
     kwargs, _ = MODES[mode]
-    return pz.Communicator(timeout=timeout, **kwargs)
+    comm = pz.Communicator(timeout=max(timeout, CONSTRUCT_TIMEOUT), **kwargs)
+    comm.timeout = timeout
+    return comm
+
+
+# --- a peer that leaves while every survivor waits on it (liveness) ----------------
+# exit: the process ends before it sends; kill: SIGKILL mid-transfer (every
+# survivor sending it BIG bytes); stop: SIGSTOP (silent, connections open).
+LEAVE_CASES = ("exit", "kill", "stop")
+BIG = 128 << 20
+
+
+def leave_and_wait(comm, rank, world, case, stamp):
+    """The last rank leaves per case, writing (its pid, the monotonic time it
+    leaves: the clock is the host's) to the file stamp first. Each survivor
+    returns {outcome, type, peer_error, msg, elapsed (from the op's start),
+    noticed (from the victim's leaving)}, or the op's results if it returned."""
+    import portable_zip as pz
+
+    victim = world - 1
+    dev = torch.device("cuda", torch.cuda.current_device()) if comm.device.type == "cuda" else torch.device("cpu")
+    small = torch.empty(1 << 10, dtype=torch.uint8, device=dev)
+    if rank == victim:
+        if case == "kill":
+            bufs = [torch.empty(BIG, dtype=torch.uint8, device=dev) for _ in range(world - 1)]
+            works = [comm.irecv(b, p) for p, b in enumerate(bufs)]
+            comm._flush()  # posted: the survivors' sends are under way
+            time.sleep(0.01)
+            del works
+        _stamp(stamp)
+        if case == "exit":
+            os._exit(0)
+        os.kill(os.getpid(), signal.SIGSTOP if case == "stop" else signal.SIGKILL)
+        time.sleep(600)  # stopped until a survivor kills it
+    t0 = time.monotonic()
+    try:
+        if case == "kill":
+            comm.send(torch.ones(BIG, dtype=torch.uint8, device=dev), victim)
+        comm.recv(small, victim)
+    except pz.PeerError as e:
+        t1 = time.monotonic()
+        pid, left = _read_stamp(stamp)
+        if case == "stop":
+            os.kill(pid, signal.SIGKILL)
+        return {"outcome": "raised", "type": type(e).__name__, "peer_error": True, "elapsed": t1 - t0,
+                "noticed": t1 - left, "msg": str(e)[:400]}
+    return {"outcome": "returned", "elapsed": time.monotonic() - t0}
+
+
+def _stamp(path):
+    with open(path + ".tmp", "w") as f:
+        f.write(f"{os.getpid()} {time.monotonic()!r}")
+    os.rename(path + ".tmp", path)
+
+
+def _read_stamp(path, limit=30.0):
+    end = time.monotonic() + limit
+    while not os.path.exists(path) and time.monotonic() < end:
+        time.sleep(0.01)
+    with open(path) as f:
+        pid, t = f.read().split()
+    return int(pid), float(t)
+
+
+def liveness_rank(rank, world, transport, case, stamp):
+    """For run_ranks (tests/comm_harness.py): a Communicator over the job's
+    group with the default timeout, then leave_and_wait."""
+    import portable_zip as pz
+
+    comm = pz.Communicator(compress="never", transport=transport)
+    dist.barrier()
+    return leave_and_wait(comm, rank, world, case, stamp)
 
 
 def matrix_rank(sc: Scenario, rank: int, world: int, piddir: str):
@@ -340,6 +414,16 @@ def matrix_rank(sc: Scenario, rank: int, world: int, piddir: str):
         return {"outcome": "raised", "type": type(e).__name__, "peer_error": False, "elapsed": time.monotonic() - t0,
                 "msg": f"{e}"[:300] + "\n" + traceback.format_exc()[-1500:]}
     return {"outcome": "returned", "elapsed": time.monotonic() - t0, "correct": case.check()}
+
+
+def fabric_rank(sc: Scenario, rank: int, world: int, piddir: str):
+    """A fabric cell: the default timeout (300 s); the victim leaves per
+    sc.phase (exit, kill) while every survivor waits on it."""
+    import portable_zip as pz
+
+    comm = pz.Communicator(compress="never", transport="fabric")
+    dist.barrier()
+    return leave_and_wait(comm, rank, world, sc.phase, os.path.join(piddir, "left"))
 
 
 def reinit_rank(sc: Scenario, rank: int, world: int, piddir: str):
@@ -402,7 +486,7 @@ def _child(sc: Scenario, rank: int, port: int, backend: str, piddir: str, resdir
         with open(os.path.join(piddir, f"{rank}.pid"), "w") as f:
             f.write(str(os.getpid()))
         _init(backend, port, rank, sc.world, pg_timeout=60)
-        body = reinit_rank if sc.kind == "reinit" else matrix_rank
+        body = {"reinit": reinit_rank, "fabric": fabric_rank}.get(sc.kind, matrix_rank)
         out = ("ok", body(sc, rank, sc.world, piddir))
     except BaseException as e:  # noqa: BLE001 - everything goes to the parent
         out = ("error", f"{type(e).__name__}: {e}\n{traceback.format_exc()[-3000:]}")
@@ -559,6 +643,13 @@ def reinit_scenarios():
     all_gather (gloo's worker thread is then stuck in the collective)."""
     return [Scenario(f"reinit-after-{op}-{mode}", 3, op, mode, "data", 2, kind="reinit")
             for op, mode in (("all_reduce", "always"), ("all_gather", "auto-native"))]
+
+
+def fabric_scenarios():
+    """The fabric under its default timeout: the victim (the last rank) exits
+    before sending, or is SIGKILLed mid-transfer."""
+    return [Scenario(f"fabric-w{w}-{case}", w, "send_recv", "never", case, w - 1, kind="fabric")
+            for w, case in ((3, "exit"), (3, "kill"), (2, "kill"))]
 
 
 def matrix_scenarios(world, ops=OPS, modes=MODES, phases=PHASES):

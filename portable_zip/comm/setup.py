@@ -13,6 +13,7 @@ from ..settings import Settings
 from . import domains as dom
 from .deadline import Deadline
 from .group import Group
+from .liveness import Liveness, Watched
 from .transports import fabric
 from .transports.base import Transport
 from .transports.routed import RoutedTransport
@@ -88,6 +89,7 @@ def open_transport(group: Group, device: torch.device, transport: str, domains, 
         tp = TorchDistTransport(group)
         if device != tp.device:
             raise ValueError(f"device={device} but group backend '{tp.backend}' moves {tp.device.type} tensors")
+        tp.watch = _watch(tp, group, facts, settings, timeout)
         if tp.backend == "nccl":
             lib = "RCCL" if torch.version.hip else "NCCL"
             why = f"group backend 'nccl' on {'ROCm' if torch.version.hip else 'CUDA'} torch: {lib}, GPU tensors"
@@ -103,13 +105,26 @@ def open_transport(group: Group, device: torch.device, transport: str, domains, 
                            f"connects, and it is unavailable: {why}")
     same_host = len({f["host"] for f in facts}) == 1
     fab = fabric.FabricTransport(group, device, settings, same_host)
+    watched = Watched(fab, _watch(fab, group, facts, settings, timeout))
     mixed = any(len(d) > 1 for d in doms)
-    tp: Transport = fab
+    tp: Transport = watched
     if mixed:
         mine = doms[domain_of[rank]]
         near = TorchDistTransport(dom.domain_group(group, mine, facts[rank]["kind"])) if len(mine) > 1 else None
-        tp = RoutedTransport(near, mine, fab)
+        if near is not None:
+            near.watch = watched.watch  # checked in its waits; closed by whichever closes first
+        tp = RoutedTransport(near, mine, watched)
     # Hierarchical reductions need equal domains (one shard per local rank).
     hier = len({len(d) for d in doms}) == 1 and len(doms[0]) > 1
     backend = f"{tp.name} ({fab.info['rails']} rails, {fab.info['chunk']}-byte chunks; domains {doms})"
     return Layout(tp, doms, domain_of, False, mixed, hier, all_gpu, backend)
+
+
+def _watch(tp: Transport, group: Group, facts, settings: Settings, timeout: float) -> Liveness:
+    """The liveness watch of this Communicator, made once its transport is
+    (collective); construction that fails closes the transport."""
+    try:
+        return Liveness(group, facts, settings, Deadline(timeout))
+    except BaseException:
+        tp.close()
+        raise

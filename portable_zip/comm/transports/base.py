@@ -52,6 +52,9 @@ class Transport(abc.ABC):
     sized: bool = False
     costs: TransportCosts = TransportCosts()
     local: Optional["Transport"] = None
+    # The liveness watch (comm/liveness.py) its waits check, set at
+    # construction; close() closes it (closing twice is harmless).
+    watch = None
 
     @property
     def ctrl_device(self) -> torch.device:
@@ -85,6 +88,13 @@ class Transport(abc.ABC):
 
     def close(self) -> None:
         """Release endpoints and threads; later posts fail."""
+        self.close_watch()
+
+    def close_watch(self) -> None:
+        """Goodbye to the peers (an orderly close is no death), the watch's thread and sockets released."""
+        w, self.watch = self.watch, None
+        if w is not None:
+            w.close()
 
 
 def as_bytes(t: torch.Tensor) -> torch.Tensor:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import queue
 import threading
 import time
 from typing import List, Sequence
@@ -18,6 +19,37 @@ _NCCL_MOVES = frozenset((torch.bfloat16, torch.float16, torch.float32, torch.flo
 # What each backend moves as it is (gloo also rejects int16 and fp8).
 _MOVES = {"nccl": _NCCL_MOVES, "gloo": _NCCL_MOVES | {torch.bool}}
 _NOTHING: frozenset = frozenset()
+SLICE_S = 0.25  # a wait checks the liveness watch this often
+
+
+class Posted(list):
+    """post()'s works, with the peers they involve (a wait on them fails when one of those closes)."""
+    peers: Sequence[int] = ()
+
+
+class _Waiter:
+    """One daemon thread that waits gloo's send/recv works, whose wait()
+    can run once and not be cut short: the caller waits on it in slices and
+    checks the liveness watch between them. After a failure it may stay
+    stuck until the op's deadline; a daemon, it never holds up exit."""
+
+    def __init__(self):
+        self._q: "queue.SimpleQueue" = queue.SimpleQueue()
+        threading.Thread(target=self._run, name="pz-gloo-wait", daemon=True).start()
+
+    def _run(self):
+        while True:
+            fn, done, box = self._q.get()
+            try:
+                fn()
+            except BaseException as e:  # noqa: BLE001 - re-raised on the caller's thread
+                box.append(e)
+            done.set()
+
+    def submit(self, fn):
+        done, box = threading.Event(), []
+        self._q.put((fn, done, box))
+        return done, box
 
 
 def movable(t: torch.Tensor, backend: str) -> torch.Tensor:
@@ -49,11 +81,14 @@ class TorchDistTransport(Transport):
         self.local = self
         self._global = group.ranks
         self._gloo = self.backend == "gloo"
+        self._others = [p for p in range(self.world) if p != self.rank]
+        self._waiter = None
 
     def global_rank(self, r: int) -> int:
         return self._global[r]
 
     def close(self) -> None:
+        self.close_watch()
         self.group.close()
 
     def connect(self, deadline: Deadline) -> None:
@@ -75,31 +110,99 @@ class TorchDistTransport(Transport):
             # isend/irecv runs on the pair's own communicator, and a send
             # posted alone on one side but in a batch on the other (3+ ranks:
             # the other side's wave holds more peers) would never match.
-            return self.group.send_recv([(kind == SEND, movable(t, self.backend), peer) for kind, t, peer in ops])
+            out = Posted(self.group.send_recv([(kind == SEND, movable(t, self.backend), peer)
+                                               for kind, t, peer in ops]))
         except RuntimeError as e:
             raise PeerError(f"{self.name}: posting {len(ops)} transfers failed: {e}") from e
+        out.peers = sorted({peer for _, _, peer in ops})
+        return out
 
     def wait(self, works: List[object], deadline: Deadline) -> None:
+        """works: post()'s (its peers known) or a collective's (every peer).
+        With a liveness watch, a wait ends within a slice of its failure."""
+        watch = self.watch
+        if watch is None or not works:
+            return self._wait(works, deadline, None)
+        watch.check(self.name)
+        with watch.waiting_on(getattr(works, "peers", self._others)):
+            if self._gloo and isinstance(works, Posted):
+                return self._wait_aside(works, deadline, watch)
+            return self._wait(works, deadline, watch)
+
+    def _wait(self, works, deadline: Deadline, watch) -> None:
         for w in works:
             try:
                 if self._gloo:
-                    w.wait(datetime.timedelta(seconds=deadline.left()))
+                    self._wait_gloo(w, deadline, watch)
                     continue
                 # NCCL: wait() only orders streams, so poll completion for the
                 # deadline: spin first (a sleep costs ~60 us, more than a small
-                # transfer), then back off.
+                # transfer), then back off; the watch is read every slice.
                 spin_until = time.monotonic() + 0.005
+                look = spin_until + SLICE_S
                 while not w.is_completed():
                     now = time.monotonic()
                     if now > deadline.at:
                         raise PeerTimeout(f"{self.name}: a peer did not answer within {deadline.timeout:g} s")
+                    if watch is not None and now > look:
+                        look = now + SLICE_S
+                        self._check_nccl(watch)
                     if now > spin_until:
                         time.sleep(50e-6)
                 w.wait()
             except PeerError:
                 raise
             except RuntimeError as e:
-                raise failed(self.name, e, deadline.timeout) from e
+                raise self._named(failed(self.name, e, deadline.timeout), watch) from e
+
+    def _wait_gloo(self, w, deadline: Deadline, watch) -> None:
+        """A gloo collective's work: its wait(timeout) may be repeated, so wait in slices."""
+        if watch is None:
+            w.wait(datetime.timedelta(seconds=deadline.left()))
+            return
+        while True:
+            try:
+                w.wait(datetime.timedelta(seconds=min(SLICE_S, deadline.left())))
+                return
+            except RuntimeError:
+                if w.is_completed() or time.monotonic() >= deadline.at:
+                    raise  # its own failure (or the deadline), not a slice's end
+            watch.check(self.name)
+
+    def _wait_aside(self, works, deadline: Deadline, watch) -> None:
+        """gloo send/recv works: waited once, by the waiter thread, while this one reads the watch."""
+        if self._waiter is None:
+            self._waiter = _Waiter()
+        done, box = self._waiter.submit(lambda: self._wait(works, deadline, None))
+        while not done.wait(SLICE_S):
+            watch.check(self.name)
+            if time.monotonic() > deadline.at + 1.0:  # the waiter's own wait ends at the deadline
+                raise PeerTimeout(f"{self.name}: a peer did not answer within {deadline.timeout:g} s")
+        if box:
+            raise self._named(box[0], watch)
+
+    def _check_nccl(self, watch) -> None:
+        """A failure the watch saw: abort the NCCL communicators (nothing stays stuck on the GPU), then raise."""
+        if watch.dead() is None:
+            return
+        try:
+            self.group.pg.abort()
+        except RuntimeError:
+            pass  # already broken: nothing left to abort
+        watch.check(self.name)
+
+    def _named(self, e: BaseException, watch) -> BaseException:
+        """A transfer's own failure, re-raised naming the peer where the watch
+        sees it go (a killed peer's sockets all close at once: it is quick)."""
+        if watch is None or not isinstance(e, PeerError) or isinstance(e, PeerTimeout):
+            return e
+        end = time.monotonic() + 1.0
+        while time.monotonic() < end:
+            d = watch.dead() or next(iter(watch.departed()), None)
+            if d is not None:
+                return PeerError(f"{e} ({d[1]})")
+            time.sleep(0.01)
+        return e
 
     def wait_detached(self, works: List[object], deadline: Deadline) -> None:
         """wait() for works whose own wait ignores its timeout (gloo's
@@ -118,7 +221,10 @@ class TorchDistTransport(Transport):
             done.set()
 
         threading.Thread(target=run, name="pz-wait", daemon=True).start()
-        if not done.wait(deadline.left()):
-            raise PeerTimeout(f"{self.name}: a peer did not answer within {deadline.timeout:g} s")
+        while not done.wait(min(SLICE_S, deadline.left()) if self.watch is not None else deadline.left()):
+            if self.watch is not None:
+                self.watch.check(self.name)
+            if time.monotonic() >= deadline.at:
+                raise PeerTimeout(f"{self.name}: a peer did not answer within {deadline.timeout:g} s")
         if box:
             raise box[0]

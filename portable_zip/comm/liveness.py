@@ -1,0 +1,124 @@
+"""The liveness watch (transport/watch.h): per Communicator, one C++ thread
+and one authenticated TCP connection per peer, so a peer that dies (its
+connection closes) or goes silent (PZ_HEARTBEAT_TIMEOUT, default 4 s) is
+noticed within seconds, whatever the op's timeout. Transports check it in
+their waits; the fabric engine is aborted by it (a blocked wait raises at
+once). The transport that holds it closes it."""
+from __future__ import annotations
+
+import contextlib
+import socket
+from typing import Iterable, List, Sequence
+
+from .. import _C
+from ..settings import Settings
+from .deadline import Deadline
+from .errors import PeerError, PeerTimeout
+from .groups import swap_through_store
+from .transports.base import Op, Transport
+
+HEARTBEAT_TIMEOUT = 4.0  # PZ_HEARTBEAT_TIMEOUT's default
+
+
+def listen_on(facts: List[dict], settings: Settings):
+    """(host, iface) the watch listens on: loopback when every rank is on one
+    host, else PZ_FABRIC_IFACE's address, else this host's name's address."""
+    if len({f["host"] for f in facts}) == 1:
+        return "127.0.0.1", ""
+    if settings.fabric_iface:
+        return "", settings.fabric_iface
+    return socket.gethostbyname(socket.gethostname()), ""
+
+
+class Liveness:
+    """Collective: every rank of group makes one at construction."""
+
+    def __init__(self, group, facts: List[dict], settings: Settings, deadline: Deadline):
+        silence = HEARTBEAT_TIMEOUT if settings.heartbeat_timeout is None else settings.heartbeat_timeout
+        host, iface = listen_on(facts, settings)
+        self.peers = [p for p in range(group.size) if p != group.rank]
+        self._w = _C.LivenessWatch(group.rank, list(group.ranks), group.secret, float(silence), host, iface)
+        try:
+            addrs = swap_through_store(group, "watch", self._w.address(), deadline, "its liveness watch address")
+            self._w.connect([a.decode() for a in addrs], float(deadline.left()))
+        except RuntimeError as e:
+            self._w.close()
+            if isinstance(e, PeerError):
+                raise
+            if "did not connect within" in str(e):
+                raise PeerTimeout(f"{e} (timeout {deadline.timeout:g} s)") from None
+            raise PeerError(str(e)) from None
+
+    def dead(self):
+        """None, or (group rank, why) of the first failure: a dead peer, or one
+        that closed while this rank waited on it."""
+        return self._w.dead()
+
+    def departed(self):
+        """[(group rank, why)] of peers whose connection closed without a goodbye."""
+        return self._w.departed()
+
+    def check(self, name: str) -> None:
+        """PeerError naming the peer, once the watch has seen a failure."""
+        d = self._w.dead()
+        if d is not None:
+            raise PeerError(f"{name}: {d[1]}")
+
+    @contextlib.contextmanager
+    def waiting_on(self, peers: Iterable[int]):
+        """A wait on these peers is open: one that says goodbye meanwhile fails it."""
+        peers = list(peers)
+        self._w.expect(peers, 1)
+        try:
+            yield
+        finally:
+            self._w.expect(peers, -1)
+
+    def attach(self, engine) -> None:
+        """At the first failure the fabric engine is aborted: its wait raises."""
+        self._w.attach(engine)
+
+    def close(self) -> None:
+        """Goodbye to every peer; the thread joined, every socket closed."""
+        self._w.close()
+
+
+class Watched(Transport):
+    """The fabric transport with the watch: the watch aborts its engine at a
+    failure (a blocked wait raises at once), each wait tells the watch which
+    peers it is open on, and close() closes the watch first (goodbye, thread
+    joined), then the engine."""
+
+    def __init__(self, inner: Transport, watch: Liveness):
+        self.inner, self.watch = inner, watch
+        self.name, self.backend, self.rank, self.world = inner.name, inner.backend, inner.rank, inner.world
+        self.device, self.sized, self.costs, self.local = inner.device, inner.sized, inner.costs, inner.local
+        watch.attach(inner.engine)
+
+    def __getattr__(self, name):  # the engine, its info
+        return getattr(self.__dict__["inner"], name)
+
+    @property
+    def ctrl_device(self):
+        return self.inner.ctrl_device
+
+    def global_rank(self, r: int) -> int:
+        return self.inner.global_rank(r)
+
+    def connect(self, deadline: Deadline) -> None:
+        self.inner.connect(deadline)
+
+    def post(self, ops: Sequence[Op]):
+        return self.inner.post(ops), sorted({peer for _, _, peer in ops})
+
+    def wait(self, pending, deadline: Deadline):
+        posted, peers = pending
+        with self.watch.waiting_on(peers):
+            return self.inner.wait(posted, deadline)
+
+    def abort(self, why: str) -> None:
+        self.inner.abort(why)
+
+    def close(self) -> None:
+        self.close_watch()
+        self.inner.close()

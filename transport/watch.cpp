@@ -1,0 +1,448 @@
+// The liveness watch (watch.h). Handshake, per pair (the higher rank connects):
+//   connector -> acceptor  HELLO     magic, from, to, nonce_c
+//   acceptor  -> connector CHALLENGE nonce_a, MAC("A", nonce_c, nonce_a, from, to)
+//   connector -> acceptor  PROOF     MAC("C", nonce_a, nonce_c, from, to)
+// MACs are SipHash-2-4 under the group's secret over fresh nonces from both
+// ends, so neither a stranger nor a replay passes; anything else is closed.
+// Afterwards each end sends BEAT ('B') once a second (4 per heartbeat timeout
+// if that is shorter) and BYE ('G') on close.
+#include "watch.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <ifaddrs.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <stdexcept>
+
+#include "keyed.h"
+
+namespace pz::watch {
+namespace {
+
+constexpr uint32_t kMagic = 0x31575a50;  // "PZW1"
+constexpr char kBeat = 'B', kBye = 'G';
+constexpr double kBeatS = 1.0;  // at most: a heartbeat timeout under 4 s beats 4 times in it
+// A wait open on a peer that has gone (closed, exited, killed) fails after
+// this: what it sent before it went lands well within it, so a correct
+// program whose ranks leave at different times never fails.
+constexpr double kGoneGraceS = 1.0;
+constexpr size_t kHello = 20, kChallenge = 16, kProof = 8;
+constexpr int kMaxStrangers = 64;  // unproven connections held at once during connect()
+
+using Clock = std::chrono::steady_clock;
+
+double since(Clock::time_point t, Clock::time_point now) { return std::chrono::duration<double>(now - t).count(); }
+
+void put32(uint8_t* p, uint32_t v) { for (int i = 0; i < 4; ++i) p[i] = uint8_t(v >> (8 * i)); }
+void put64(uint8_t* p, uint64_t v) { for (int i = 0; i < 8; ++i) p[i] = uint8_t(v >> (8 * i)); }
+uint32_t get32(const uint8_t* p) { return uint32_t(p[0]) | uint32_t(p[1]) << 8 | uint32_t(p[2]) << 16 | uint32_t(p[3]) << 24; }
+uint64_t get64(const uint8_t* p) { return keyed::load_le64(p); }
+
+uint64_t mac(const uint8_t key[16], char side, uint64_t n1, uint64_t n2, uint32_t from, uint32_t to) {
+  uint8_t m[12 + 24];
+  std::memcpy(m, "pz-watch-v1", 11);  // domain separation from the secret's other uses
+  m[11] = uint8_t(side);
+  put64(m + 12, n1), put64(m + 20, n2), put32(m + 28, from), put32(m + 32, to);
+  return keyed::siphash24(key, m, sizeof m);
+}
+
+uint64_t nonce() {
+  uint64_t v;
+  if (getrandom(&v, sizeof v, 0) != sizeof v) throw std::runtime_error("liveness watch: getrandom failed");
+  return v;
+}
+
+void nonblocking(int fd) {
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+  const int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+bool send_all(int fd, const void* p, size_t n) {  // small messages on a socket with room: all or nothing
+  return send(fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT) == ssize_t(n);
+}
+
+std::string errno_text(const char* what) { return std::string(what) + ": " + std::strerror(errno); }
+
+// The address to listen on: iface's (IPv4 first), else host's.
+sockaddr_storage bind_address(const std::string& host, const std::string& iface, socklen_t* len) {
+  sockaddr_storage out{};
+  if (!iface.empty()) {
+    ifaddrs* all = nullptr;
+    if (getifaddrs(&all)) throw std::runtime_error(errno_text("liveness watch: getifaddrs"));
+    const ifaddrs* pick = nullptr;
+    std::string names;
+    for (const ifaddrs* a = all; a; a = a->ifa_next) {
+      if (!a->ifa_addr || (a->ifa_addr->sa_family != AF_INET && a->ifa_addr->sa_family != AF_INET6)) continue;
+      if (names.find(std::string(" ") + a->ifa_name + ",") == std::string::npos) names += std::string(" ") + a->ifa_name + ",";
+      if (iface != a->ifa_name) continue;
+      if (!pick || (pick->ifa_addr->sa_family == AF_INET6 && a->ifa_addr->sa_family == AF_INET)) pick = a;
+    }
+    if (!pick) {
+      freeifaddrs(all);
+      if (!names.empty()) names.pop_back();
+      throw std::invalid_argument("PZ_FABRIC_IFACE=" + iface + ": no such interface with an IP address (this host has:" +
+                                  names + ")");
+    }
+    *len = pick->ifa_addr->sa_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
+    std::memcpy(&out, pick->ifa_addr, *len);
+    freeifaddrs(all);
+    return out;
+  }
+  addrinfo hints{}, *res = nullptr;
+  hints.ai_flags = AI_NUMERICHOST | AI_PASSIVE;
+  hints.ai_socktype = SOCK_STREAM;
+  if (getaddrinfo(host.c_str(), "0", &hints, &res) || !res)
+    throw std::invalid_argument("liveness watch: '" + host + "' is not a numeric IP address");
+  *len = res->ai_addrlen;
+  std::memcpy(&out, res->ai_addr, res->ai_addrlen);
+  freeaddrinfo(res);
+  return out;
+}
+
+// Half-open handshakes inside connect(): what each fd waits for next.
+struct Pending {
+  int fd;
+  int peer;        // connector: the lower rank it dials; acceptor: -1 until HELLO names one
+  bool dialing;    // ours (to a lower rank) or theirs (accepted)
+  int stage = 0;   // dialing: 0 connecting, 1 HELLO sent; accepted: 0 reading HELLO, 1 CHALLENGE sent
+  uint64_t mine = 0, theirs = 0;
+  uint8_t buf[32] = {};
+  size_t got = 0;
+};
+
+}  // namespace
+
+Watch::Watch(int rank, const std::vector<int64_t>& global, const std::string& secret, double silence_s,
+             const std::string& host, const std::string& iface)
+    : rank_(rank), world_(int(global.size())), global_(global), silence_s_(silence_s), peers_(global.size()) {
+  if (secret.size() != 16) throw std::invalid_argument("liveness watch: the group secret must be 16 bytes");
+  if (rank < 0 || rank >= world_) throw std::invalid_argument("liveness watch: rank out of range");
+  if (!(silence_s > 0)) throw std::invalid_argument("liveness watch: the heartbeat timeout must be positive");
+  std::memcpy(key_, secret.data(), 16);
+  socklen_t len = 0;
+  sockaddr_storage sa = bind_address(host, iface, &len);
+  listen_fd_ = socket(sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (listen_fd_ < 0) throw std::runtime_error(errno_text("liveness watch: socket"));
+  if (bind(listen_fd_, reinterpret_cast<sockaddr*>(&sa), len) || listen(listen_fd_, 128)) {
+    const std::string e = errno_text("liveness watch: bind/listen");
+    ::close(listen_fd_);
+    throw std::runtime_error(e);
+  }
+  nonblocking(listen_fd_);
+  len = sizeof sa;
+  getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&sa), &len);
+  char h[NI_MAXHOST], p[NI_MAXSERV];
+  getnameinfo(reinterpret_cast<sockaddr*>(&sa), len, h, sizeof h, p, sizeof p, NI_NUMERICHOST | NI_NUMERICSERV);
+  address_ = std::string(h) + " " + p;
+}
+
+Watch::~Watch() { close(); }
+
+std::string Watch::address() const { return address_; }
+
+std::string Watch::who(int peer) const {
+  return "rank " + std::to_string(peer) + " (global " + std::to_string(global_[peer]) + ")";
+}
+
+void Watch::connect(const std::vector<std::string>& addrs, double timeout_s) {
+  if (int(addrs.size()) != world_) throw std::invalid_argument("liveness watch: one address per rank expected");
+  if (thread_.joinable() || closed_) throw std::runtime_error("liveness watch: connect() runs once, before close()");
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
+  std::vector<Pending> pend;
+  auto drop = [&](size_t i) { ::close(pend[i].fd), pend.erase(pend.begin() + long(i)); };
+  auto cleanup = [&] {
+    for (auto& q : pend) ::close(q.fd);
+    for (auto& peer : peers_)
+      if (peer.fd >= 0) ::close(peer.fd), peer.fd = -1;
+  };
+  for (int j = 0; j < rank_; ++j) {  // dial every lower rank
+    const auto sp = addrs[j].rfind(' ');
+    addrinfo hints{}, *res = nullptr;
+    hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV;
+    hints.ai_socktype = SOCK_STREAM;
+    if (sp == std::string::npos ||
+        getaddrinfo(addrs[j].substr(0, sp).c_str(), addrs[j].substr(sp + 1).c_str(), &hints, &res) || !res) {
+      cleanup();
+      throw std::invalid_argument("liveness watch: rank " + std::to_string(j) + " published a bad address");
+    }
+    const int fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd >= 0) nonblocking(fd);
+    const int rc = fd < 0 ? -1 : ::connect(fd, res->ai_addr, res->ai_addrlen);
+    freeaddrinfo(res);
+    if (rc && (fd < 0 || errno != EINPROGRESS)) {
+      const std::string e = errno_text(("liveness watch: connecting to " + who(j)).c_str());
+      if (fd >= 0) ::close(fd);
+      cleanup();
+      throw std::runtime_error(e);
+    }
+    pend.push_back({fd, j, true});
+  }
+  int left = world_ - 1;
+  while (left > 0) {
+    const auto now = Clock::now();
+    if (now >= deadline) {
+      cleanup();
+      char t[32];
+      snprintf(t, sizeof t, "%g", timeout_s);
+      throw std::runtime_error(std::string("liveness watch: a peer did not connect within ") + t + " s");
+    }
+    std::vector<pollfd> fds{{listen_fd_, POLLIN, 0}};
+    for (auto& q : pend) fds.push_back({q.fd, short(q.dialing && q.stage == 0 ? POLLOUT : POLLIN), 0});
+    const int ms = int(std::min<double>(200, since(now, deadline) * 1000 + 1));
+    if (poll(fds.data(), fds.size(), ms) < 0 && errno != EINTR) {
+      cleanup();
+      throw std::runtime_error(errno_text("liveness watch: poll"));
+    }
+    const size_t polled = pend.size();  // accepted below: polled next round
+    if (fds[0].revents & POLLIN) {
+      for (int fd; (fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC)) >= 0;) {
+        if (std::count_if(pend.begin(), pend.end(), [](const Pending& q) { return !q.dialing; }) >= kMaxStrangers) {
+          ::close(fd);  // more unproven connections than ranks could make: someone else's
+          continue;
+        }
+        nonblocking(fd);
+        pend.push_back({fd, -1, false});
+      }
+    }
+    // Walk back to front: drop() erases.
+    for (size_t i = polled; i-- > 0;) {
+      Pending& q = pend[i];
+      const short rev = fds[i + 1].revents;
+      if (!rev) continue;
+      if (q.dialing && q.stage == 0) {
+        int err = 0;
+        socklen_t l = sizeof err;
+        getsockopt(q.fd, SOL_SOCKET, SO_ERROR, &err, &l);
+        if (err) {
+          const std::string e = "liveness watch: connecting to " + who(q.peer) + ": " + std::strerror(err);
+          cleanup();
+          throw std::runtime_error(e);
+        }
+        uint8_t m[kHello];
+        q.mine = nonce();
+        put32(m, kMagic), put32(m + 4, uint32_t(rank_)), put32(m + 8, uint32_t(q.peer)), put64(m + 12, q.mine);
+        if (!send_all(q.fd, m, sizeof m)) {
+          const std::string e = errno_text(("liveness watch: greeting " + who(q.peer)).c_str());
+          cleanup();
+          throw std::runtime_error(e);
+        }
+        q.stage = 1;
+        continue;
+      }
+      const size_t want = q.dialing ? kChallenge : q.stage == 0 ? kHello : kProof;
+      const ssize_t n = recv(q.fd, q.buf + q.got, want - q.got, 0);
+      if (n <= 0 && !(n < 0 && (errno == EAGAIN || errno == EINTR))) {
+        if (q.dialing) {  // the peer we dialed hung up on us: it refused our proof, or died
+          const std::string e = "liveness watch: " + who(q.peer) + " closed the connection during the handshake "
+                                "(a different group secret, or the process died)";
+          cleanup();
+          throw std::runtime_error(e);
+        }
+        drop(i);
+        continue;
+      }
+      if (n < 0) continue;
+      q.got += size_t(n);
+      if (q.got < want) continue;
+      q.got = 0;
+      if (q.dialing) {  // CHALLENGE: the acceptor proves the secret over our nonce
+        q.theirs = get64(q.buf);
+        if (get64(q.buf + 8) != mac(key_, 'A', q.mine, q.theirs, uint32_t(rank_), uint32_t(q.peer))) {
+          const std::string e = "liveness watch: the listener at " + who(q.peer) + "'s address does not know the "
+                                "group's secret";
+          cleanup();
+          throw std::runtime_error(e);
+        }
+        uint8_t m[kProof];
+        put64(m, mac(key_, 'C', q.theirs, q.mine, uint32_t(rank_), uint32_t(q.peer)));
+        if (!send_all(q.fd, m, sizeof m)) {
+          const std::string e = errno_text(("liveness watch: answering " + who(q.peer)).c_str());
+          cleanup();
+          throw std::runtime_error(e);
+        }
+        peers_[q.peer].fd = q.fd;
+        pend.erase(pend.begin() + long(i));
+        --left;
+      } else if (q.stage == 0) {  // HELLO: a would-be higher rank names itself
+        const uint32_t from = get32(q.buf + 4);
+        if (get32(q.buf) != kMagic || get32(q.buf + 8) != uint32_t(rank_) || from <= uint32_t(rank_) ||
+            from >= uint32_t(world_) || peers_[from].fd >= 0) {
+          drop(i);
+          continue;
+        }
+        q.peer = int(from);
+        q.theirs = get64(q.buf + 12);
+        q.mine = nonce();
+        uint8_t m[kChallenge];
+        put64(m, q.mine), put64(m + 8, mac(key_, 'A', q.theirs, q.mine, from, uint32_t(rank_)));
+        if (!send_all(q.fd, m, sizeof m)) {
+          drop(i);
+          continue;
+        }
+        q.stage = 1;
+      } else {  // PROOF: the connector knows the secret; only now is it a peer
+        if (get64(q.buf) != mac(key_, 'C', q.mine, q.theirs, uint32_t(q.peer), uint32_t(rank_)) ||
+            peers_[q.peer].fd >= 0) {
+          drop(i);
+          continue;
+        }
+        peers_[q.peer].fd = q.fd;
+        pend.erase(pend.begin() + long(i));
+        --left;
+      }
+    }
+  }
+  for (auto& q : pend) ::close(q.fd);  // strangers still mid-handshake
+  ::close(listen_fd_);                 // every peer is here: nobody else may connect
+  listen_fd_ = -1;
+  if (pipe2(wake_, O_CLOEXEC | O_NONBLOCK)) {
+    cleanup();
+    throw std::runtime_error(errno_text("liveness watch: pipe"));
+  }
+  const auto now = Clock::now();
+  for (auto& p : peers_) p.heard = now;
+  thread_ = std::thread([this] { run(); });
+}
+
+bool Watch::failed(int* rank, std::string* why) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (!failed_) return false;
+  *rank = failed_rank_, *why = why_;
+  return true;
+}
+
+std::vector<std::pair<int, std::string>> Watch::departed() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  std::vector<std::pair<int, std::string>> out;
+  for (int j = 0; j < world_; ++j)
+    if (!peers_[j].gone.empty() && !peers_[j].bye) out.emplace_back(j, who(j) + " " + peers_[j].gone);
+  return out;
+}
+
+void Watch::expect(const std::vector<int>& peers, int delta) {
+  for (int p : peers) {
+    if (p < 0 || p >= world_ || p == rank_) continue;
+    if (peers_[p].expect.fetch_add(delta) == 0 && delta > 0) {
+      std::lock_guard<std::mutex> lk(mu_);
+      peers_[p].expect_since = Clock::now();
+    }
+  }
+}
+
+void Watch::attach(std::function<void(const std::string&)> on_failure) {
+  std::string why;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    on_failure_ = std::move(on_failure);
+    if (!failed_) return;
+    why = why_;
+  }
+  on_failure_(why);  // it failed before the attach: abort now
+}
+
+void Watch::fail(int peer, const std::string& what) {
+  std::function<void(const std::string&)> cb;
+  std::string why;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (failed_) return;
+    failed_ = true, failed_rank_ = peer, why_ = why = who(peer) + " " + what;
+    cb = on_failure_;
+  }
+  // On its own thread: the engine's abort waits for its endpoints to close,
+  // and the beats to the other peers must not pause meanwhile.
+  if (cb) aborter_ = std::thread(std::move(cb), std::move(why));
+}
+
+void Watch::run() {
+  const auto beat = std::chrono::duration_cast<Clock::duration>(
+      std::chrono::duration<double>(std::min(kBeatS, silence_s_ / 4)));
+  const int poll_ms = std::max(1, int(std::min(0.2, silence_s_ / 8) * 1000));
+  auto next_beat = Clock::now();
+  std::vector<pollfd> fds;
+  std::vector<int> who_fd;
+  for (;;) {
+    const auto now = Clock::now();
+    if (now >= next_beat) {
+      for (auto& p : peers_)
+        if (p.fd >= 0) send(p.fd, &kBeat, 1, MSG_NOSIGNAL | MSG_DONTWAIT);  // a full buffer: the peer is not reading
+      next_beat = now + beat;
+    }
+    for (int j = 0; j < world_; ++j) {
+      Peer& p = peers_[j];
+      if (p.fd >= 0 && !p.bye && since(p.heard, now) > silence_s_) {
+        char s[32];
+        snprintf(s, sizeof s, "%.1f", since(p.heard, now));
+        fail(j, std::string("died: silent for ") + s +
+                " s with its connection open (stopped, hung or unreachable; PZ_HEARTBEAT_TIMEOUT)");
+        ::close(p.fd), p.fd = -1;
+      }
+      if (!p.gone.empty() && p.expect.load() > 0) {
+        Clock::time_point t;
+        {
+          std::lock_guard<std::mutex> lk(mu_);
+          t = std::max(p.gone_at, p.expect_since);
+        }
+        if (since(t, now) > kGoneGraceS) fail(j, p.gone);
+      }
+    }
+    fds.assign(1, {wake_[0], POLLIN, 0});
+    who_fd.assign(1, -1);
+    for (int j = 0; j < world_; ++j)
+      if (peers_[j].fd >= 0) fds.push_back({peers_[j].fd, POLLIN, 0}), who_fd.push_back(j);
+    if (poll(fds.data(), fds.size(), poll_ms) < 0 && errno != EINTR) continue;
+    if (fds[0].revents) break;  // close()
+    const auto t = Clock::now();
+    for (size_t i = 1; i < fds.size(); ++i) {
+      if (!fds[i].revents) continue;
+      Peer& p = peers_[who_fd[i]];
+      char b[64];
+      const ssize_t n = recv(p.fd, b, sizeof b, MSG_DONTWAIT);
+      if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+      if (n <= 0) {  // closed: after a goodbye an orderly exit, else the process is gone
+        if (!p.bye) {
+          std::lock_guard<std::mutex> lk(mu_);
+          p.gone = "died: its connection closed (the process exited or was killed)", p.gone_at = t;
+        }
+        ::close(p.fd), p.fd = -1;
+        continue;
+      }
+      p.heard = t;
+      if (std::memchr(b, kBye, size_t(n)) && !p.bye) {
+        std::lock_guard<std::mutex> lk(mu_);
+        p.bye = true, p.gone = "closed its Communicator while this rank still waits on it", p.gone_at = t;
+      }
+    }
+  }
+  for (auto& p : peers_)
+    if (p.fd >= 0) send(p.fd, &kBye, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+}
+
+void Watch::close() {
+  if (closed_) return;
+  closed_ = true;
+  if (thread_.joinable()) {
+    const char c = 0;
+    if (write(wake_[1], &c, 1) < 0) {}  // the pipe is empty and non-blocking: this cannot fail
+    thread_.join();
+  }
+  if (aborter_.joinable()) aborter_.join();
+  for (auto& p : peers_)
+    if (p.fd >= 0) ::close(p.fd), p.fd = -1;
+  for (int* fd : {&listen_fd_, &wake_[0], &wake_[1]})
+    if (*fd >= 0) ::close(*fd), *fd = -1;
+}
+
+}  // namespace pz::watch

@@ -1,0 +1,84 @@
+// The liveness watch: one thread and one TCP connection per peer, so every
+// rank of a Communicator notices a peer that died within seconds, whatever
+// the op's timeout, on every transport. Plain POSIX sockets (no libfabric):
+// built always. A connection counts only after both ends prove the group's
+// secret (a SipHash-2-4 MAC over fresh nonces, keyed.h). A peer that is
+// silent for `silence_s` (no heartbeat; one a second, from this thread, so a
+// busy Python peer still beats) is dead: every wait fails. A peer whose
+// connection closes (the kernel closes a dead process's sockets) or that
+// says goodbye (an orderly close) has gone: a wait still open on it fails.
+#pragma once
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+namespace pz::watch {
+
+class Watch {
+ public:
+  // host: the numeric address to listen on; iface (if not empty) wins: its
+  // first IPv4 address (else IPv6). global: every group rank's global rank.
+  Watch(int rank, const std::vector<int64_t>& global, const std::string& secret, double silence_s,
+        const std::string& host, const std::string& iface);
+  ~Watch();
+  Watch(const Watch&) = delete;
+  Watch& operator=(const Watch&) = delete;
+
+  std::string address() const;  // "host port" this rank listens on
+  // Every rank's address() in rank order: connect to the lower ranks, accept
+  // the higher ones, both ends authenticated; then the heartbeat thread
+  // starts. Throws on a timeout or a bad address.
+  void connect(const std::vector<std::string>& addrs, double timeout_s);
+  // The first failure seen: a peer's death, or a peer that closed while this
+  // rank waited on it. False while every peer lives.
+  bool failed(int* rank, std::string* why) const;
+  // Peers whose connection closed without a goodbye: (rank, why).
+  std::vector<std::pair<int, std::string>> departed() const;
+  // Waits in progress on these peers (+1 when one starts, -1 when it ends):
+  // a peer that has gone (closed or died) while one is open for 1 s fails it.
+  void expect(const std::vector<int>& peers, int delta);
+  // Called once, from the watch thread, at the first failure (the fabric
+  // engine's abort: a blocked wait raises at once).
+  void attach(std::function<void(const std::string&)> on_failure);
+  void close();  // goodbye to every peer, join the thread, close every fd
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  struct Peer {
+    int fd = -1;
+    bool bye = false;                   // said goodbye: its close is not a death
+    std::string gone;                   // why it went (goodbye or closed connection); "" while here
+    Clock::time_point heard, gone_at, expect_since;
+    std::atomic<int> expect{0};
+    Peer() = default;
+    Peer(const Peer&) : Peer() {}       // for vector construction only
+  };
+  void run();
+  void fail(int peer, const std::string& why);
+  std::string who(int peer) const;
+
+  const int rank_, world_;
+  const std::vector<int64_t> global_;
+  uint8_t key_[16];
+  const double silence_s_;
+  int listen_fd_ = -1;
+  int wake_[2] = {-1, -1};  // close() wakes the thread through this pipe
+  std::string address_;
+  std::vector<Peer> peers_;
+  std::thread thread_;
+  std::thread aborter_;  // runs on_failure_ once
+  mutable std::mutex mu_;  // failure fields, on_failure_, gone, gone_at, expect_since
+  bool failed_ = false;
+  int failed_rank_ = -1;
+  std::string why_;
+  std::function<void(const std::string&)> on_failure_;
+  bool closed_ = false;
+};
+
+}  // namespace pz::watch
