@@ -189,7 +189,8 @@ def stranger(rendezvous, sender, seconds):
     where = json.loads((rdv / "store.json").read_text())
     store = TCPStore(where["host"], where["port"], is_master=False, timeout=datetime.timedelta(seconds=30))
     keys = [k for k in store.list_keys() if k.endswith("/fabric/0")]
-    addrs = [store.get(k)[16:] for k in keys]  # past the record's MAC: the address is plaintext
+    records = [store.get(k) for k in keys]
+    addrs = [r[r.index(b"PZF1"):] for r in records]  # the address is plaintext, whatever precedes it
     assert len(addrs) == len(MODES), keys
     forged = [torch.full((n,), 1.5, dtype=torch.bfloat16) for n in SIZES]
     raw = [f.view(torch.uint8).clone() for f in forged] + [torch.full((64,), 7, dtype=torch.uint8)]
