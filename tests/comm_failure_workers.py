@@ -344,7 +344,10 @@ def leave_and_wait(comm, rank, world, case, stamp):
         t1 = time.monotonic()
         pid, left = _read_stamp(stamp)
         if case == "stop":
-            os.kill(pid, signal.SIGKILL)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass  # another survivor killed it first
         return {"outcome": "raised", "type": type(e).__name__, "peer_error": True, "elapsed": t1 - t0,
                 "noticed": t1 - left, "msg": str(e)[:400]}
     return {"outcome": "returned", "elapsed": time.monotonic() - t0}

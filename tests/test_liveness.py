@@ -197,17 +197,20 @@ def test_waits_outlast_their_slices():
         assert all(out) and len(out) == 2 and set(plans) == {"native"}, value
 
 
-@pytest.mark.parametrize("transport", ["torch", "fabric"])
-def test_silent_peer_raises_within_seconds_under_the_default_timeout(transport):
+@pytest.mark.parametrize("transport,case", [("torch", "stop"), ("fabric", "stop"), ("torch", "kill")])
+def test_peer_named_within_seconds_under_the_default_timeout(transport, case):
+    """A SIGSTOPped peer (gloo cannot see it), and over gloo a killed one
+    (gloo sees it first; the watch names it)."""
     from portable_zip.comm.transports import fabric
 
     if transport == "fabric" and fabric.available():
         pytest.skip(f"no fabric transport: {fabric.available()}")
     with tempfile.TemporaryDirectory() as d:
-        res = run(2, cfw.liveness_rank, transport, "stop", os.path.join(d, "left"), deadline=120)
+        res = run(2, cfw.liveness_rank, transport, case, os.path.join(d, "left"), deadline=120)
     status, value = res[0]
     assert status == "ok" and value["outcome"] == "raised", res
-    assert value["peer_error"] and "rank 1 (global 1) died: silent for" in value["msg"], value
+    want = "silent for" if case == "stop" else "its connection closed"
+    assert value["peer_error"] and f"rank 1 (global 1) died: {want}" in value["msg"], value
     assert value["noticed"] < NOTICE_S, value
     assert res[1][0] != "ok", res
 
@@ -215,11 +218,14 @@ def test_silent_peer_raises_within_seconds_under_the_default_timeout(transport):
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", cfw.LEAVE_CASES)
 def test_nccl_dead_peer_raises_within_seconds(case):
-    """NCCL on two GPUs, default timeout: the watch aborts the NCCL group and the survivor raises, naming the peer."""
+    """NCCL on two GPUs, default timeout: the watch aborts the NCCL group and
+    the survivor raises, naming the peer. PZ_SYNC_NATIVE=1: a native plan on
+    NCCL is otherwise stream-ordered, with no host wait to raise in."""
     if torch.cuda.device_count() < 2:
         pytest.skip("needs two GPUs")
     with tempfile.TemporaryDirectory() as d:
-        res = run(2, cfw.liveness_rank, "torch", case, os.path.join(d, "left"), backend="nccl", deadline=180)
+        res = run(2, cfw.liveness_rank, "torch", case, os.path.join(d, "left"), backend="nccl", deadline=180,
+                  env={"PZ_SYNC_NATIVE": "1"})
     status, value = res[0]
     assert status == "ok" and value["outcome"] == "raised", res
     assert value["peer_error"] and "rank 1 (global 1)" in value["msg"], value

@@ -113,7 +113,7 @@ class TorchDistTransport(Transport):
             out = Posted(self.group.send_recv([(kind == SEND, movable(t, self.backend), peer)
                                                for kind, t, peer in ops]))
         except RuntimeError as e:
-            raise PeerError(f"{self.name}: posting {len(ops)} transfers failed: {e}") from e
+            raise self._named(PeerError(f"{self.name}: posting {len(ops)} transfers failed: {e}"), self.watch) from e
         out.peers = sorted({peer for _, _, peer in ops})
         return out
 
@@ -199,8 +199,8 @@ class TorchDistTransport(Transport):
         end = time.monotonic() + 1.0
         while time.monotonic() < end:
             d = watch.dead() or next(iter(watch.departed()), None)
-            if d is not None:
-                return PeerError(f"{e} ({d[1]})")
+            if d is not None:  # the name first: torch's own message runs long
+                return PeerError(f"{self.name}: {d[1]} ({str(e)[len(self.name) + 2:]})")
             time.sleep(0.01)
         return e
 
