@@ -29,11 +29,20 @@ def rank_facts(group, device: torch.device, deadline: Deadline, domains=None) ->
     swapped through the job's store (keyed by the private group's unique name)."""
     build = _device.vendor() if _device.has_code() else "cpu"  # the device code this rank's build can run
     me = f"{device_kind(device)}|{socket.gethostname()}|{build}:{_C.format_version}|{_canonical(domains)}"
-    out = []
-    for v in swap_through_store(group, "facts", me, deadline, "its device facts"):
-        kind, host, build, doms = v.decode().split("|")
-        out.append({"kind": kind, "host": host, "build": build, "domains": doms})
-    return out
+    return swap_through_store(group, "facts", me, deadline, "its device facts", parse=parse_facts)
+
+
+def parse_facts(v: bytes) -> dict:
+    """One rank's record (kind|host|build:format|domains); ValueError if it is not one."""
+    fields = v.decode().split("|")
+    if len(fields) != 4:
+        raise ValueError(f"{len(fields)} '|'-separated fields, not 4")
+    kind, host, build, doms = fields
+    if kind not in ("cuda", "rocm", "cpu"):
+        raise ValueError(f"device kind {kind!r} is none of cuda, rocm, cpu")
+    if build.count(":") != 1:
+        raise ValueError(f"build {build!r} is not vendor:format")
+    return {"kind": kind, "host": host, "build": build, "domains": doms}
 
 
 def _canonical(domains) -> str:

@@ -1,26 +1,69 @@
 """The job's store, bounded by a deadline: what construction swaps before
-any transport exists."""
+any transport exists. Any client of the store can write any key, so every
+record carries a MAC keyed with the group's secret (group.py): a record
+some other writer left (another run, a stale or garbled value) fails to
+verify and raises MismatchError naming its key, on every rank."""
 from __future__ import annotations
 
 import datetime
-from typing import List
+import hashlib
+import hmac
+from typing import Callable, List, Optional
 
 from .deadline import Deadline
-from .errors import PeerTimeout
+from .errors import MismatchError, PeerTimeout
+
+_MAC = 16  # bytes of blake2b tag in front of each record
 
 
-def swap_through_store(group, topic: str, value, deadline: Deadline, what: str) -> List[bytes]:
+def seal(secret: bytes, topic: str, rank: int, value) -> bytes:
+    """value (str or bytes) as rank's record of topic: its MAC, then value."""
+    v = value.encode() if isinstance(value, str) else bytes(value)
+    return _tag(secret, topic, rank, v) + v
+
+
+def _tag(secret: bytes, topic: str, rank: int, v: bytes) -> bytes:
+    h = hashlib.blake2b(key=secret, digest_size=_MAC)
+    h.update(f"{topic}\0{rank}\0".encode())
+    h.update(v)
+    return h.digest()
+
+
+def store_key(group, topic: str, rank: int) -> str:
+    """The full key (the job's store) of rank's record of topic."""
+    return f"pz/{group.name}/{topic}/{rank}"
+
+
+def bad_record(group, topic: str, rank: int, what: str, why: str) -> MismatchError:
+    """The error every rank raises for rank's record of topic (what: 'its device facts')."""
+    what = what[4:] if what.startswith("its ") else what
+    return MismatchError(f"store key '{store_key(group, topic, rank)}' (rank {rank}'s {what}) {why}")
+
+
+def opened(group, topic: str, rank: int, record: bytes, what: str) -> bytes:
+    """record's value once its MAC verifies, else MismatchError naming its key."""
+    v = record[_MAC:]
+    if len(record) < _MAC or not hmac.compare_digest(record[:_MAC], _tag(group.secret, topic, rank, v)):
+        raise bad_record(group, topic, rank, what, f"does not verify: written by something other than this "
+                         f"job's rank {rank}")
+    return v
+
+
+def swap_through_store(group, topic: str, value, deadline: Deadline, what: str,
+                       parse: Optional[Callable[[bytes], object]] = None) -> List:
     """Every rank's value (str or bytes) in group-rank order, swapped through
     the job's store under the group's unique name (group: a Group), so any
     job (gloo-only included) can rendezvous; a rank silent past the deadline
-    raises PeerTimeout."""
+    raises PeerTimeout. parse: applied to each verified value; a record
+    that fails to verify or parse (ValueError, UnicodeError) raises
+    MismatchError naming its key and writer, on every rank."""
     store = group.store
     prefix = f"{topic}/"
-    store.set(prefix + str(group.rank), value)
+    store.set(prefix + str(group.rank), seal(group.secret, topic, group.rank, value))
     keys = [prefix + str(j) for j in range(group.size)]
     try:
         store.wait(keys, datetime.timedelta(seconds=deadline.left()))
-        values = [store.get(k) for k in keys]
+        records = [store.get(k) for k in keys]
         # The store lives in global rank 0, which leaves only once every member
         # has read: a rank that raises on what it read (a mismatch) and exits
         # must not take the store down under a peer still reading.
@@ -30,4 +73,13 @@ def swap_through_store(group, topic: str, value, deadline: Deadline, what: str) 
                        datetime.timedelta(seconds=deadline.left()))
     except Exception as e:  # noqa: BLE001 - the store's timeout error type varies by torch version
         raise PeerTimeout(f"a peer did not publish {what} within {deadline.timeout:g} s ({e})") from None
-    return values
+    values = [opened(group, topic, j, r, what) for j, r in enumerate(records)]
+    if parse is None:
+        return values
+    out = []
+    for j, v in enumerate(values):
+        try:
+            out.append(parse(v))
+        except (ValueError, UnicodeError) as e:
+            raise bad_record(group, topic, j, what, f"does not parse ({e}): {bytes(v)[:80]!r}") from None
+    return out
