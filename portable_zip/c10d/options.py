@@ -4,8 +4,12 @@ documented PZ_* variables (docs/SETTINGS.md), as for pz.Communicator."""
 from __future__ import annotations
 
 import datetime
+import math
+import numbers
 from dataclasses import dataclass
 from typing import Optional
+
+from ..comm.communicator import overrides
 
 
 @dataclass
@@ -45,6 +49,11 @@ class Options:
             raise ValueError(f"Options.max_sms must be a positive int or None, got {self.max_sms!r}")
         if self.domains is not None and isinstance(self.domains, str) and self.domains != "host":
             raise ValueError(f"Options.domains must be None, 'host' or a list of rank lists, got {self.domains!r}")
+        t = self.timeout
+        if t is not None and (isinstance(t, bool) or not isinstance(t, numbers.Real) or not 0 < t < math.inf):
+            raise ValueError(f"Options.timeout must be None or a positive, finite number of seconds, got {t!r}")
+        overrides(*((getattr(self, f), f"Options.{f}", None) for f in ("link_gbps", "latency_us", "codec_gbps",
+                                                                        "margin")))
 
     def communicator_args(self) -> dict:
         return {"compress": self.compress, "transport": self.transport, "domains": self.domains,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import concurrent.futures
 import math
 import numbers
+import threading
 import time
 from typing import Optional
 
@@ -28,7 +29,7 @@ from .setup import device_of, open_transport, private_group, timeout_of
 from .stats import Stats
 from .transports import fabric
 from .transports.torch import movable
-from .work import Work, Worker
+from .work import Work, Worker, exclusive
 
 # async_op=TORCH_WORK (the pz backend's): async, and an idle native op returns
 # torch's own Work, so the backend adds no thread hop to what torch costs.
@@ -82,9 +83,27 @@ class Communicator:
                                     or max_sms < 1):
             raise ValueError(f"max_sms must be a positive int or None, got {max_sms!r}")
         self.max_sms = None if max_sms is None else int(max_sms)
+        link_gbps, latency_us, codec_gbps, margin = overrides(
+            (_given(link_gbps, s.link_gbps), "link_gbps", link_gbps is None and "PZ_LINK_GBPS"),
+            (_given(latency_us, s.link_latency_us), "latency_us", latency_us is None and "PZ_LINK_LATENCY_US"),
+            (_given(codec_gbps, s.codec_gbps), "codec_gbps", codec_gbps is None and "PZ_CODEC_GBPS"),
+            (_given(margin, s.policy_margin), "margin", margin is None and "PZ_POLICY_MARGIN"))
         self.parent_group = group if group is not None else dist.group.WORLD
         self.group = private_group(self.parent_group, self.timeout)
         self.compress = compress
+        self.tp = self._worker = None
+        self._closed = False
+        self._entry, self._inside = threading.Lock(), None  # one thread inside an op at a time (work.exclusive)
+        try:
+            self._connect(s, transport, domains, device, (link_gbps, latency_us, codec_gbps, margin))
+        except BaseException:
+            self._release()  # a failed construction keeps no threads, sockets or group
+            raise
+
+    def _connect(self, s: Settings, transport: str, domains, device, policy: tuple) -> None:
+        """Construction past the private group: device, transport, worker, handshake, calibration."""
+        link_gbps, latency_us, codec_gbps, margin = policy
+        compress = self.compress
         self.rank, self.world = self.group.rank, self.group.size
         self.device = device_of(device, self.group)
         self._cuda = self.device.type == "cuda"
@@ -93,9 +112,7 @@ class Communicator:
         self._native, self._mixed, self._hier = lay.native, lay.mixed, lay.hier
         cross = tuple((i, j) for i in range(self.world) for j in range(i)
                       if lay.domain_of[i] != lay.domain_of[j]) if lay.mixed else ()
-        self.policy = Policy(_given(link_gbps, s.link_gbps), _given(latency_us, s.link_latency_us),
-                             _given(codec_gbps, s.codec_gbps), _given(margin, s.policy_margin),
-                             costs=self.tp.costs, cross_pairs=cross)
+        self.policy = Policy(link_gbps, latency_us, codec_gbps, margin, costs=self.tp.costs, cross_pairs=cross)
         self._plans = Plans(compress, self.policy, self.rank, self.world, lay.domain_of, lay.native, lay.mixed)
         self._stats = Stats()
         self._pending = []
@@ -103,7 +120,6 @@ class Communicator:
         # Native plans on NCCL are stream-ordered like torch.distributed's own
         # calls; PZ_SYNC_NATIVE=1 makes them wait on the host, bounded by timeout.
         self._stream_native = self._native and self.tp.backend == "nccl" and not s.sync_native
-        self._closed = False
         self._check_plans = False
         self.tp.connect(Deadline(self.timeout))  # collective: every rank constructs its Communicator
         cached = calibration.cached_digest(self.policy, self.tp, self.parent_group, self._budget()) \
@@ -257,6 +273,7 @@ class Communicator:
             self._record(op, plan, t0, raw, wire)
         return self._submit(run, async_op)
 
+    @exclusive
     def broadcast(self, t: torch.Tensor, src: int, async_op: bool = False):
         self._check(t, "broadcast tensor")
         self._rank_arg(src, "src")
@@ -274,6 +291,7 @@ class Communicator:
             return res.raw_bytes, res.wire_bytes, res.streams
         return self._collective("broadcast", t.dtype, t.nbytes, [t.numel(), src], start, sent, algorithm, async_op)
 
+    @exclusive
     def all_gather_single(self, out: torch.Tensor, inp: torch.Tensor, async_op: bool = False):
         self._check(out, "all_gather output")
         self._check(inp, "all_gather input")
@@ -299,6 +317,7 @@ class Communicator:
 
     all_gather_into_tensor = all_gather_single
 
+    @exclusive
     def reduce_scatter_single(self, out: torch.Tensor, inp: torch.Tensor, op=ReduceOp.SUM, async_op: bool = False):
         op = ReduceOp.of(op)
         self._check(out, "reduce_scatter output", reduce=True)
@@ -324,6 +343,7 @@ class Communicator:
 
     reduce_scatter_tensor = reduce_scatter_single
 
+    @exclusive
     def all_reduce(self, t: torch.Tensor, op=ReduceOp.SUM, async_op: bool = False):
         op = ReduceOp.of(op)
         self._check(t, "all_reduce tensor", reduce=True)
@@ -345,6 +365,7 @@ class Communicator:
         return self._collective("all_reduce", t.dtype, t.nbytes, [t.numel(), list(ReduceOp).index(op)], start, sent,
                                 algorithm, async_op)
 
+    @exclusive
     def all_to_all_single(self, out: torch.Tensor, inp: torch.Tensor, output_split_sizes: Optional[list] = None,
                           input_split_sizes: Optional[list] = None, async_op: bool = False):
         self._check(out, "all_to_all output")
@@ -403,6 +424,7 @@ class Communicator:
     # a ring of isend + irecv cannot deadlock, and a batch of tensors (a state
     # dict, KV blocks) costs the round trips of one transfer. Peers must post
     # matching groups.
+    @exclusive
     def send(self, t: torch.Tensor, dst: int) -> None:
         self._check(t, "send tensor")
         self._peer(dst)
@@ -410,6 +432,7 @@ class Communicator:
             self._post_p2p("send", t, dst)
             self._flush(inline=True)
 
+    @exclusive
     def recv(self, t: torch.Tensor, src: int) -> None:
         self._check(t, "recv tensor")
         self._peer(src)
@@ -427,11 +450,13 @@ class Communicator:
         self._run_native(kind, lambda: self.tp.post([(kind, t, peer)]), t.nbytes if kind == "send" else 0)
         return True
 
+    @exclusive
     def isend(self, t: torch.Tensor, dst: int) -> Work:
         self._check(t, "send tensor")
         self._peer(dst)
         return self._post_p2p("send", t, dst)
 
+    @exclusive
     def irecv(self, t: torch.Tensor, src: int) -> Work:
         self._check(t, "recv tensor")
         self._peer(src)
@@ -440,7 +465,12 @@ class Communicator:
     def _post_p2p(self, kind, t, peer) -> Work:
         fut = concurrent.futures.Future()
         self._pending.append((kind, t, peer, fut, self._budget()))  # the budget where the op is posted
-        return Work(fut, self._flush)
+        return Work(fut, self._flushed)
+
+    @exclusive
+    def _flushed(self, inline: bool = False) -> None:
+        """Work.wait's flush: a wait on any thread is an entry like an op."""
+        self._flush(inline)
 
     def _flush(self, inline: bool = False) -> None:
         """Run the pending isend/irecv group on the worker as one exchange:
@@ -494,6 +524,7 @@ class Communicator:
         else:
             self._worker.submit(lambda: run(sms))
 
+    @exclusive
     def close(self) -> None:
         """Finish queued ops, release the worker and the transport; later ops raise."""
         if self._closed:
@@ -502,10 +533,21 @@ class Communicator:
             self._flush()
             self._worker.drain()
         finally:
-            self._closed = True
-            self._worker.shutdown()
-            self.tp.close()
-            self.group.close()
+            self._release()
+
+    def _release(self) -> None:
+        """The worker thread, the transport (its endpoints and threads) and the private group, each even if
+        another fails to let go."""
+        self._closed = True
+        try:
+            if self._worker is not None:
+                self._worker.shutdown()
+        finally:
+            try:
+                if self.tp is not None:
+                    self.tp.close()
+            finally:
+                self.group.close()
 
     def __repr__(self) -> str:
         return f"Communicator(rank={self.rank}, world={self.world}, compress={self.compress!r}, {self.backend})"
@@ -513,3 +555,27 @@ class Communicator:
 
 def _given(arg, setting):
     return setting if arg is None else arg
+
+
+# The policy overrides' ranges: (lowest, whether the lowest is allowed, highest excluded).
+_RANGES = {"link_gbps": (0.0, False, math.inf), "codec_gbps": (0.0, False, math.inf),
+           "latency_us": (0.0, True, math.inf), "margin": (0.0, True, 1.0)}
+
+
+def overrides(*given) -> tuple:
+    """The policy overrides, each (value, name, the PZ_* variable it came
+    from or a false value): None or a number in its range, else ValueError
+    naming the argument (and the variable it came from)."""
+    out = []
+    for v, name, env in given:
+        if v is None:
+            out.append(None)
+            continue
+        lo, closed, hi = _RANGES[name.rsplit(".", 1)[-1]]
+        ok = not isinstance(v, bool) and isinstance(v, numbers.Real) and (lo <= v if closed else lo < v) and v < hi
+        if not ok:
+            where = f" (from {env})" if env else ""
+            rng = f"{'>=' if closed else '>'} {lo:g} and < {hi:g}"
+            raise ValueError(f"{name}{where} must be None or a number {rng}, got {v!r}")
+        out.append(float(v))
+    return tuple(out)

@@ -3,6 +3,7 @@ order, each under its caller's CUDA stream; a Work handle waits for one."""
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import threading
 from typing import Callable, List, Optional
 
@@ -44,6 +45,29 @@ class Work:
 
     def result(self):
         return self._future.result()
+
+
+def exclusive(op: Callable) -> Callable:
+    """A Communicator method that one thread at a time may be inside: a
+    second thread entering while another is inside raises at once, never
+    interleaving with it (interleaved ops pair wrongly with the peers'). Nested
+    calls on the thread inside pass; sequential calls from any thread pass."""
+    @functools.wraps(op)
+    def entered(self, *args, **kwargs):
+        me, lock = threading.get_ident(), self._entry
+        if self._inside == me:
+            return op(self, *args, **kwargs)
+        if not lock.acquire(blocking=False):
+            raise RuntimeError("pz.Communicator is not thread-safe: this thread called it while another thread "
+                               "is inside an op on it; use one Communicator per thread or serialize the calls "
+                               "(sequential use from different threads is fine)")
+        self._inside = me
+        try:
+            return op(self, *args, **kwargs)
+        finally:
+            self._inside = None
+            lock.release()
+    return entered
 
 
 class Worker:
