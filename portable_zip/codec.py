@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
+import numbers
 import operator
 import threading
 from typing import Iterator, Optional, Sequence
@@ -26,12 +27,19 @@ MAX_NUMEL = 1 << 48  # format.h kMaxNumel: byte counts stay far from wrapping 64
 _CODED = frozenset(CODED)
 
 
+_INT_MAX = 2**31 - 1  # the binding's int arguments
+
+
+def _count(value, name: str) -> int:
+    """value as a count the binding takes (1 .. 2**31-1), else ValueError naming the argument."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 1 <= value <= _INT_MAX:
+        raise ValueError(f"{name} must be a positive int (at most {_INT_MAX}) or None, got {value!r}")
+    return int(value)
+
+
 def _threads(threads: Optional[int]) -> int:
-    if threads is None:
-        return torch.get_num_threads()
-    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-        raise ValueError(f"threads must be a positive int or None, got {threads!r}")
-    return threads
+    """The CPU codec's thread count: threads, else torch's (the codec uses at most one per block)."""
+    return torch.get_num_threads() if threads is None else _count(threads, "threads")
 
 
 def _check_tensor(t, what: str) -> None:
@@ -236,10 +244,9 @@ def sm_budget(max_sms: Optional[int]) -> Iterator[None]:
     so code that runs the codec on other threads (the comm layer's workers)
     passes max_sms to each call explicitly (_compress_padded, compress_batch,
     _decode_gpu, _queue_decodes take it)."""
-    if max_sms is not None and int(max_sms) < 1:
-        raise ValueError(f"max_sms must be >= 1 or None, got {max_sms}")
+    max_sms = None if max_sms is None else _count(max_sms, "max_sms")
     old = _budget.max_sms
-    _budget.max_sms = None if max_sms is None else int(max_sms)
+    _budget.max_sms = max_sms
     try:
         yield
     finally:
@@ -250,11 +257,7 @@ def _max_sms(max_sms: Optional[int]) -> int:
     """The SM limit for one call (0 = all): the argument, else the sm_budget in force."""
     if max_sms is None:
         max_sms = _budget.max_sms
-    if max_sms is None:
-        return 0
-    if int(max_sms) < 1:
-        raise ValueError(f"max_sms must be >= 1 or None, got {max_sms}")
-    return int(max_sms)
+    return 0 if max_sms is None else _count(max_sms, "max_sms")
 
 
 def _codec_code(codec: str) -> int:
@@ -364,6 +367,8 @@ def compress(t: torch.Tensor, *, trim: Optional[bool] = None, threads: Optional[
     it wins); decompress reads the codec from the header.
     """
     sms, code = _max_sms(max_sms), _codec_code(codec)
+    if threads is not None:  # checked wherever the call runs (GPU calls ignore it)
+        _count(threads, "threads")
     if trim is not False and isinstance(t, torch.Tensor) and t.is_cpu and t.nbytes > _MAPPED_MIN:
         return _compress_exact_cpu(t, threads, code)
     buf = _compress_padded(t, threads, sms, code)
@@ -404,6 +409,8 @@ def decompress(buf: torch.Tensor, *, out: Optional[torch.Tensor] = None, threads
     header is read first (a host sync) and the result is checked before the
     call returns. CPU decodes are always checked before they return."""
     sms = _max_sms(max_sms)
+    if threads is not None:
+        _count(threads, "threads")
     if out is not None and isinstance(buf, torch.Tensor) and buf.is_cuda:
         if not _plain_stream(buf):
             _header_args(buf)
@@ -415,21 +422,11 @@ def decompress(buf: torch.Tensor, *, out: Optional[torch.Tensor] = None, threads
         pb, nb, po, no = buf.data_ptr(), buf.numel(), out.data_ptr(), out.nbytes
         if nb and no and pb < po + no and po < pb + nb:
             raise ValueError("out overlaps the stream's memory: decoding would overwrite the stream while reading it")
-        _queue_decodes((buf,), (out,), check, sms)
+        failed = _queue_decodes((buf,), (out,), check, sms)
+        if failed:
+            raise FormatError(f"decompress: {failed[0][1]}")
         return out
-    head, info = _header(buf)
-    dtype = dtype_of(info["dtype"])
-    shape = tuple(info["shape"])
-    if out is None:
-        out = _fresh(shape, dtype, buf.device)
-    else:
-        _check_out(out)
-        if out.dtype != dtype or tuple(out.shape) != shape:
-            raise ValueError(f"out is {out.dtype}{list(out.shape)} but the stream holds {dtype}{list(shape)}")
-        if out.device != buf.device:
-            raise ValueError(f"out is on {out.device} but the stream is on {buf.device}")
-        if _overlap(out, buf):
-            raise ValueError("out overlaps the stream's memory: decoding would overwrite the stream while reading it")
+    head, info, out = _target(buf, out)
     if buf.is_cpu:
         _C.decompress_cpu(head, buf.data_ptr(), buf.numel(), out.data_ptr(), _threads(threads))
         return out
@@ -440,6 +437,42 @@ def decompress(buf: torch.Tensor, *, out: Optional[torch.Tensor] = None, threads
     if bits:
         raise FormatError(_C.decode_error_text(bits))
     return out
+
+
+def _target(buf: torch.Tensor, out: Optional[torch.Tensor], what: str = "out", stream: str = "the stream") -> tuple:
+    """buf's header (head, info) and the tensor its decode fills: out, once
+    checked against the header (ValueError naming what), else a new one.
+    FormatError where the header is bad."""
+    head, info = _header(buf)
+    dtype = dtype_of(info["dtype"])
+    shape = tuple(info["shape"])
+    if out is None:
+        return head, info, _fresh(shape, dtype, buf.device)
+    _check_out(out, what)
+    if out.dtype != dtype or tuple(out.shape) != shape:
+        raise ValueError(f"{what} is {out.dtype}{list(out.shape)} but {stream} holds {dtype}{list(shape)}")
+    if out.device != buf.device:
+        raise ValueError(f"{what} is on {out.device} but {stream} is on {buf.device}")
+    if _overlap(out, buf):
+        raise ValueError(f"{what} overlaps {stream}'s memory: decoding would overwrite it while reading it")
+    return head, info, out
+
+
+def _failed_streams(what: str, failed: list, queued: bool = False) -> FormatError:
+    """One error for a batch's failed decodes, failed: [(stream index, why)]:
+    which streams, why, and what the outputs hold (e.streams: the indices).
+    queued: some GPU decodes were queued unchecked (out=, check=False)."""
+    failed = sorted(failed)
+    idx = [i for i, _ in failed]
+    names = ", ".join(map(str, idx))
+    whys = "; ".join(f"stream {i}: {why}" for i, why in failed[:4]) + ("; ..." if len(failed) > 4 else "")
+    e = FormatError(f"{what}: stream{'s' if len(idx) > 1 else ''} {names} failed ({whys}); the outputs of the other "
+                    f"streams hold their decoded data, output{'s' if len(idx) > 1 else ''} {names} "
+                    f"{'are' if len(idx) > 1 else 'is'} unspecified" +
+                    ("; GPU decodes queued into out= hold theirs once done, and pz.check() reports their errors"
+                     if queued else ""))
+    e.streams = idx
+    return e
 
 
 # Which device-parsed decode kernel serves outputs of a dtype: its own for an
@@ -465,7 +498,7 @@ def _pick(xs: Sequence, idx: list) -> Sequence:
 
 
 def _queue_decodes(bufs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor], check: bool, max_sms: int,
-                   what: str = "decompress", labels: Optional[Sequence[int]] = None) -> None:
+                   what: str = "decompress", labels: Optional[Sequence[int]] = None) -> list:
     """Queue the decodes of GPU streams bufs[i] into outs[i] (one device,
     inputs validated), one launch per decode kernel, with no host sync. The
     kernels parse the headers. max_sms: the launches' SM limit, 0 for all.
@@ -511,11 +544,10 @@ def _queue_decodes(bufs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor], c
             if not check:  # registered once queued: no check reads them before
                 checks.register(dev, stream, slab, _pick(range(k0, k0 + n), idx), what,
                                 None if labels is None else _pick(labels, idx))
-    if check:
-        bits = errs.cpu().tolist()
-        failed = [(checks.name(what, None if labels is None else labels[i]), w) for i, w in enumerate(bits) if w]
-        if failed:
-            checks._raise(failed)
+    if not check:
+        return []
+    bits = errs.cpu().tolist()
+    return [(i if labels is None else labels[i], _C.decode_error_text(w)) for i, w in enumerate(bits) if w]
 
 
 def _decode_gpu(buf: torch.Tensor, head: bytes, info: dict, out: torch.Tensor, err: torch.Tensor,
@@ -565,6 +597,8 @@ def compress_batch(tensors: Sequence[torch.Tensor], *, trim: Optional[bool] = No
     max_sms: as for compress(); threads that do not carry the caller's
     sm_budget (a pool's) pass it explicitly."""
     sms, codec_id = _max_sms(max_sms), _codec_code(codec)
+    if threads is not None:
+        _count(threads, "threads")
     tensors = list(tensors)
     for i, t in enumerate(tensors):
         if not _plain_gpu(t):  # a plain GPU tensor needs no resolving
@@ -642,8 +676,12 @@ def decompress_batch(bufs: Sequence[torch.Tensor], *, out: Optional[Sequence[tor
     launches are queued and errors reported as for decompress(out=) (check=True:
     now). Without out= (or where an entry of out is None), the GPU headers are
     read in one copy per device first, and the results are checked before the
-    call returns."""
+    call returns. A stream that fails does not stop the others: the error
+    (FormatError, its .streams the failed indices) names every stream that
+    failed where it is checked; the other outputs hold their decoded data."""
     sms = _max_sms(max_sms)
+    if threads is not None:
+        _count(threads, "threads")
     bufs = list(bufs)
     if out is not None and len(out) != len(bufs):
         raise ValueError(f"got {len(bufs)} streams but {len(out)} outputs")
@@ -660,23 +698,44 @@ def decompress_batch(bufs: Sequence[torch.Tensor], *, out: Optional[Sequence[tor
     devs = [b.get_device() if b.is_cuda else None for b in bufs]
     if devs.count(None) < len(devs):
         _device.require()  # what _check_tensor adds to _header_args for a GPU stream
+    # A stream that fails fails alone: the others still decode, and one
+    # error names the failed ones. Bad arguments raise before any decode.
+    failed, heads = [], {}
     for i in [i for i, d in enumerate(devs) if d is None]:
-        outs[i] = decompress(bufs[i], out=outs[i], threads=threads)
+        try:
+            heads[i], _, outs[i] = _target(bufs[i], outs[i], f"out[{i}]", f"stream {i}")
+        except FormatError as e:
+            failed.append((i, str(e)))
+    for i, head in heads.items():
+        try:
+            _C.decompress_cpu(head, bufs[i].data_ptr(), bufs[i].numel(), outs[i].data_ptr(), _threads(threads))
+        except FormatError as e:
+            failed.append((i, str(e)))
+    queued = False
     for idx in _grouped(devs).values():  # the GPU streams of one device
         device = bufs[idx[0]].device
         need = [i for i in idx if outs[i] is None]
         if need:  # one header copy for the device's streams that have no output yet
             since = checks.mark()
-            heads = torch.cat([bufs[i][:MAX_HEADER_BYTES] for i in need]).cpu().numpy().tobytes()
+            raw = torch.cat([bufs[i][:MAX_HEADER_BYTES] for i in need]).cpu().numpy().tobytes()
             checks.check_synced(device, since)
             at = 0
             for i in need:
                 n = min(bufs[i].numel(), MAX_HEADER_BYTES)
-                info = _C.parse_header(heads[at:at + n], bufs[i].numel())
+                try:
+                    info = _C.parse_header(raw[at:at + n], bufs[i].numel())
+                    outs[i] = torch.empty(info["shape"], dtype=dtype_of(info["dtype"]), device=device)
+                except FormatError as e:
+                    failed.append((i, str(e)))
                 at += n
-                outs[i] = torch.empty(info["shape"], dtype=dtype_of(info["dtype"]), device=device)
+            idx = [i for i in idx if outs[i] is not None]
         # Outputs this call allocated make it a synchronizing call: it checks before returning.
-        _queue_decodes(_pick(bufs, idx), _pick(outs, idx), check or bool(need), sms, "decompress_batch", idx)
+        synced = check or bool(need)
+        queued = queued or not synced
+        if idx:
+            failed += _queue_decodes(_pick(bufs, idx), _pick(outs, idx), synced, sms, "decompress_batch", idx)
+    if failed:
+        raise _failed_streams("decompress_batch", failed, queued)
     return outs
 
 

@@ -477,13 +477,86 @@ def test_zeroed_data_and_checksum_raise():
             pz.decompress(bad)
 
 
-@pytest.mark.parametrize("threads", [0, -1, 1.5, True])
+@pytest.mark.parametrize("threads", [0, -1, 1.5, True, 2**31, 2**64, "4"])
 def test_bad_thread_count_rejected(threads):
+    """Every public codec function taking threads: a ValueError naming it, never the binding's argument dump."""
     t = torch.randn(1000).to(torch.bfloat16)
-    with pytest.raises(ValueError, match="threads"):
-        pz.compress(t, threads=threads)
-    with pytest.raises(ValueError, match="threads"):
-        pz.decompress(pz.compress(t), threads=threads)
+    buf = pz.compress(t)
+    for call in (lambda: pz.compress(t, threads=threads), lambda: pz.decompress(buf, threads=threads),
+                 lambda: pz.compress_batch([t], threads=threads), lambda: pz.decompress_batch([buf], threads=threads),
+                 lambda: pz.decompress_batch([buf], out=[torch.empty_like(t)], threads=threads)):
+        with pytest.raises(ValueError, match=r"^threads must be a positive int \(at most 2147483647\)"):
+            call()
+    assert torch.equal(pz.decompress(pz.compress(t, threads=2**31 - 1), threads=np.int64(3)), t)
+
+
+@pytest.mark.parametrize("max_sms", [0, 2**31, "4", 1.5])
+def test_bad_max_sms_rejected(max_sms):
+    t = torch.randn(100).to(torch.bfloat16)
+    with pytest.raises(ValueError, match=r"^max_sms must be a positive int"):
+        pz.compress(t, max_sms=max_sms)
+    with pytest.raises(ValueError, match=r"^max_sms must be a positive int"):
+        with pz.sm_budget(max_sms):
+            pass
+
+
+def _bad_batch(n: int, bad: tuple, rng):
+    ts = [torch.from_numpy(rng.standard_normal(int(rng.integers(1, 3000))).astype(np.float32)).to(torch.bfloat16)
+          for _ in range(n)]
+    bufs = [pz.compress(t) for t in ts]
+    for i in bad:
+        bufs[i] = bufs[i].clone()
+        bufs[i][40:] ^= 0x5A  # every byte past the 1-D header: the payload checks catch it
+    return ts, bufs
+
+
+@pytest.mark.parametrize("with_out", [True, False])
+def test_decompress_batch_names_every_failed_stream_and_decodes_the_rest(with_out):
+    rng = fresh_rng()
+    n = 9
+    bad = tuple(sorted(rng.choice(n, size=2, replace=False).tolist()))
+    ts, bufs = _bad_batch(n, bad, rng)
+    bufs[bad[1]] = bufs[bad[1]][:20]  # one cut short: its header fails
+    outs = [torch.full_like(t, 7) for t in ts] if with_out else None
+    with pytest.raises(pz.FormatError) as e:
+        pz.decompress_batch(bufs, out=outs)
+    a, b = bad
+    msg = str(e.value)
+    assert msg.startswith(f"decompress_batch: streams {a}, {b} failed (stream {a}: "), msg
+    assert f"stream {b}: stream is shorter than the fixed 32-byte header" in msg, msg
+    assert msg.endswith(f"the outputs of the other streams hold their decoded data, outputs {a}, {b} are "
+                        "unspecified"), msg
+    assert e.value.streams == [a, b]
+    if with_out:
+        for i, (o, t) in enumerate(zip(outs, ts)):
+            assert same_bits(o, t) == (i not in bad), i
+
+
+def test_decompress_batch_bad_out_raises_before_any_decode():
+    """An output that does not fit its stream is an argument error: nothing is written."""
+    rng = fresh_rng()
+    ts, bufs = _bad_batch(4, (), rng)
+    outs = [torch.full_like(t, 7) for t in ts]
+    outs[2] = torch.empty(ts[2].numel() + 1, dtype=ts[2].dtype)
+    with pytest.raises(ValueError, match=r"^out\[2\] is torch.bfloat16\[\d+\] but stream 2 holds"):
+        pz.decompress_batch(bufs, out=outs)
+    assert all(bool((o == 7).all()) for i, o in enumerate(outs) if i != 2)
+
+
+def test_one_failed_stream_is_named():
+    ts, bufs = _bad_batch(3, (1,), fresh_rng())
+    with pytest.raises(pz.FormatError, match=r"^decompress_batch: stream 1 failed \(stream 1: .*output 1 is "
+                                             r"unspecified$"):
+        pz.decompress_batch(bufs)
+
+
+@pytest.mark.parametrize("field,value,shown", [("link_gbps", "fast", "'fast'"), ("latency_us", -1, "-1"),
+                                               ("codec_gbps", 0, "0"), ("margin", 1.0, "1.0"),
+                                               ("timeout", -5, "-5"), ("max_sms", 0, "0")])
+def test_backend_options_name_the_bad_field(field, value, shown):
+    from portable_zip.c10d import Options
+    with pytest.raises(ValueError, match=rf"^Options\.{field} must be .*got {shown}$"):
+        Options(**{field: value})
 
 
 def test_cpu_decodes_check_before_returning():
