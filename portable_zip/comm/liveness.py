@@ -27,7 +27,11 @@ def listen_on(facts: List[dict], settings: Settings):
         return "127.0.0.1", ""
     if settings.fabric_iface:
         return "", settings.fabric_iface
-    return socket.gethostbyname(socket.gethostname()), ""
+    try:
+        return socket.gethostbyname(socket.gethostname()), ""
+    except OSError as e:
+        raise RuntimeError(f"the liveness watch needs this host's address, and its name {socket.gethostname()!r} "
+                           f"does not resolve ({e}): set PZ_FABRIC_IFACE to the interface the job uses") from None
 
 
 class Liveness:
@@ -96,7 +100,10 @@ class Watched(Transport):
         watch.attach(inner.engine)
 
     def __getattr__(self, name):  # the engine, its info
-        return getattr(self.__dict__["inner"], name)
+        inner = self.__dict__.get("inner")
+        if inner is None:
+            raise AttributeError(name)
+        return getattr(inner, name)
 
     @property
     def ctrl_device(self):
