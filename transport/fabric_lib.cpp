@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 
+#include <csignal>
 #include <cstdlib>
 #include <mutex>
 #include <stdexcept>
@@ -11,6 +12,58 @@ namespace {
 
 std::string g_error;
 Lib g_lib;
+int (*g_getinfo)(uint32_t, const char*, const char*, uint64_t, const struct fi_info*, struct fi_info**) = nullptr;
+int (*g_open_fabric)(struct fi_fabric_attr*, struct fid_fabric**, void*) = nullptr;
+
+// Loading libfabric (Debian's pulls in libinfinipath through its psm
+// provider) or a provider it loads lazily in fi_getinfo may install handlers
+// for SIGINT, SIGTERM, SIGSEGV, ... that end the process at once: no
+// KeyboardInterrupt, no finally, no user's SIGTERM handler. Every signal's
+// disposition is saved before such a call and any the library changed is put back.
+class KeepSignals {
+ public:
+  KeepSignals() {
+    for (int s = 1; s < NSIG; ++s)
+      if (s != SIGKILL && s != SIGSTOP) ok_[s] = sigaction(s, nullptr, &saved_[s]) == 0;
+  }
+  ~KeepSignals() {
+    for (int s = 1; s < NSIG; ++s) {
+      struct sigaction now{};
+      if (!ok_[s] || sigaction(s, nullptr, &now) != 0) continue;
+      if (!same(now, saved_[s])) sigaction(s, &saved_[s], nullptr);
+    }
+  }
+  KeepSignals(const KeepSignals&) = delete;
+  KeepSignals& operator=(const KeepSignals&) = delete;
+
+ private:
+  // Compared member by member: libc copies sa_mask beyond the kernel's
+  // signals from uninitialised memory, and adds SA_RESTORER itself.
+  static bool same(const struct sigaction& a, const struct sigaction& b) {
+    if (a.sa_handler != b.sa_handler || ((a.sa_flags ^ b.sa_flags) & ~kLibcFlags)) return false;
+    for (int s = 1; s < NSIG; ++s)
+      if (sigismember(&a.sa_mask, s) != sigismember(&b.sa_mask, s)) return false;
+    return true;
+  }
+#ifdef SA_RESTORER
+  static constexpr int kLibcFlags = SA_RESTORER;
+#else
+  static constexpr int kLibcFlags = 0;
+#endif
+  struct sigaction saved_[NSIG]{};
+  bool ok_[NSIG]{};
+};
+
+int getinfo_keeping_signals(uint32_t v, const char* node, const char* service, uint64_t flags,
+                            const struct fi_info* hints, struct fi_info** info) {
+  KeepSignals keep;
+  return g_getinfo(v, node, service, flags, hints, info);
+}
+
+int open_fabric_keeping_signals(struct fi_fabric_attr* attr, struct fid_fabric** fabric, void* context) {
+  KeepSignals keep;
+  return g_open_fabric(attr, fabric, context);
+}
 
 template <class F>
 bool bind(void* h, F* fn, const char* name) {
@@ -24,6 +77,10 @@ bool bind(void* h, F* fn, const char* name) {
 }
 
 void load() {
+  // libinfinipath (the psm provider's) installs its crash handlers unless
+  // told not to; a user's own setting wins. The guard below catches the rest.
+  setenv("IPATH_NO_BACKTRACE", "1", 0);
+  KeepSignals keep;
   // PZ_FABRIC_LIBRARY names a file (an EFA install's /opt/amazon/efa/lib/libfabric.so.1).
   const char* forced = std::getenv("PZ_FABRIC_LIBRARY");
   const char* names[] = {forced, "libfabric.so.1", "/opt/amazon/efa/lib/libfabric.so.1",
@@ -47,13 +104,15 @@ void load() {
               "/opt/amazon/efa), or point PZ_FABRIC_LIBRARY at libfabric.so.1.";
     return;
   }
-  const bool ok = bind(h, &g_lib.getinfo, "fi_getinfo") && bind(h, &g_lib.freeinfo, "fi_freeinfo") &&
-                  bind(h, &g_lib.dupinfo, "fi_dupinfo") && bind(h, &g_lib.open_fabric, "fi_fabric") &&
+  const bool ok = bind(h, &g_getinfo, "fi_getinfo") && bind(h, &g_lib.freeinfo, "fi_freeinfo") &&
+                  bind(h, &g_lib.dupinfo, "fi_dupinfo") && bind(h, &g_open_fabric, "fi_fabric") &&
                   bind(h, &g_lib.strerror, "fi_strerror") && bind(h, &g_lib.version, "fi_version");
   if (!ok) {
     g_error = g_lib.path + " lacks a libfabric entry point (fi_getinfo, fi_fabric, ...): not a libfabric >= 1.9?";
     return;
   }
+  g_lib.getinfo = getinfo_keeping_signals;
+  g_lib.open_fabric = open_fabric_keeping_signals;
   const uint32_t v = g_lib.version();
   if (FI_MAJOR(v) < 1 || (FI_MAJOR(v) == 1 && FI_MINOR(v) < 9))
     g_error = g_lib.path + " is libfabric " + std::to_string(FI_MAJOR(v)) + "." + std::to_string(FI_MINOR(v)) +

@@ -9,6 +9,8 @@
 
 namespace pz::fabric {
 
+// getinfo and open_fabric (where providers load lazily) and the load itself
+// put back any signal disposition the library changes (fabric_lib.cpp).
 struct Lib {
   int (*getinfo)(uint32_t, const char*, const char*, uint64_t, const struct fi_info*, struct fi_info**) = nullptr;
   void (*freeinfo)(struct fi_info*) = nullptr;
