@@ -403,6 +403,7 @@ int Engine::wait(uint64_t batch, double timeout_s, std::vector<uint64_t>* lens) 
     return 0;
   }
   if (!in_time && error_.empty()) error_ = "a transfer timed out after " + std::to_string(timeout_s) + " s";
+  if (!error_.empty()) stop_wire(error_);
   work_cv_.notify_all();
   // The progress thread tears the endpoints down (no late write into user memory), then signals.
   done_cv_.wait_until(lk, after(std::chrono::seconds(10)), [&] { return closed_; });
@@ -411,10 +412,13 @@ int Engine::wait(uint64_t batch, double timeout_s, std::vector<uint64_t>* lens) 
   throw std::runtime_error(error_.empty() ? "the fabric transport was closed" : error_);
 }
 
+// Safe from any thread, while run(), post(), wait() or close() run: only
+// the progress thread (or close) touches the endpoints.
 void Engine::abort(const std::string& why) {
   std::unique_lock<std::mutex> lk(mu_);
   if (error_.empty()) error_ = why;
-  if (!thread_.joinable()) return;
+  stop_wire(error_);
+  if (!connected_) return;  // no progress thread: close() tears down
   work_cv_.notify_all();
   // Endpoints closed, staging copies drained: no late write into the caller's buffers.
   done_cv_.wait_until(lk, after(std::chrono::seconds(10)), [&] { return closed_; });
@@ -510,11 +514,14 @@ bool Engine::post_wire(Chunk* c) {
   void* desc = c->pair->mrs.empty() ? nullptr : fi_mr_desc(c->pair->mrs[c->rail]);
   const int peer = x->op.peer;
   ssize_t rc;
+  std::unique_lock<std::mutex> gate(wire_mu_[c->rail]);  // not during this rail's queue read (engine.h)
+  if (wire_failed_.load()) throw std::runtime_error(wire_error());
   if (x->send())
     rc = fi_tsend(r.ep, buf, c->len, desc, r.addr[peer], wire_tag(cfg_, cfg_.rank, peer, x->seq, c->idx), &c->ctx);
   else
     rc = fi_trecv(r.ep, buf, c->len, desc, directed_ ? r.addr[peer] : FI_ADDR_UNSPEC,
                   wire_tag(cfg_, peer, cfg_.rank, x->seq, c->idx), 0, &c->ctx);
+  gate.unlock();
   if (rc == -FI_EAGAIN) return false;
   if (rc) throw std::runtime_error(std::string(x->send() ? "posting a send to rank " : "posting a receive from rank ") +
                                    std::to_string(peer) + ": " + err_text(static_cast<int>(rc)));
@@ -610,12 +617,35 @@ static size_t read_cq(fid_cq* cq, std::vector<Done>* out) {
   return 1;
 }
 
+// What a completion error says, naming the transfer's peer.
+static std::string done_error(const Done& d) {
+  const Chunk* c = d.c;
+  const std::string who = c ? (c->x->send() ? "sending to rank " : "receiving from rank ") + std::to_string(c->x->op.peer)
+                            : std::string("a transfer");
+  return who + " failed (peer likely dead): " + err_text(d.err) +
+         (d.prov_errno ? ", provider errno " + std::to_string(d.prov_errno) : "");
+}
+
+// One read of rail r's queue, under its gate; an error stops every post (engine.h).
+size_t Engine::read_rail(int r, std::vector<Done>* out) {
+  std::lock_guard<std::mutex> gate(wire_mu_[r]);
+  const size_t first = out->size();
+  const size_t n = read_cq(rails_[r].cq, out);
+  for (size_t i = first; i < out->size(); ++i)
+    if ((*out)[i].err) stop_wire(done_error((*out)[i]));
+  return n;
+}
+
 void Engine::pump(int r) {
-  fid_cq* cq = rails_[r].cq;
   std::vector<Done> got;
   int idle = 0;
   while (!pump_stop_.load(std::memory_order_relaxed)) {
-    if (!read_cq(cq, &got)) {
+    if (wire_failed_.load()) {  // the engine is failing: no more progress into the provider until teardown
+      std::unique_lock<std::mutex> lk(pump_mu_);
+      pump_cv_.wait_until(lk, after(std::chrono::milliseconds(2)));
+      continue;
+    }
+    if (!read_rail(r, &got)) {
       // With operations outstanding on this rail, nap briefly (bytes may be
       // arriving); with none, sleep until the progress thread posts here.
       if (++idle > cfg_.spin) {
@@ -643,19 +673,12 @@ bool Engine::poll_cqs() {
     std::lock_guard<std::mutex> g(cq_mu_);
     got.swap(done_);
   } else {
-    for (auto& r : rails_)
-      while (read_cq(r.cq, &got) == 16) {
+    for (int r = 0; r < static_cast<int>(rails_.size()); ++r)
+      while (read_rail(r, &got) == 16) {
       }
   }
   for (const Done& d : got) {
-    if (d.err) {
-      Chunk* c = d.c;
-      const std::string who = c ? (c->x->send() ? "sending to rank " : "receiving from rank ") +
-                                      std::to_string(c->x->op.peer)
-                                : std::string("a transfer");
-      throw std::runtime_error(who + " failed (peer likely dead): " + err_text(d.err) +
-                               (d.prov_errno ? ", provider errno " + std::to_string(d.prov_errno) : ""));
-    }
+    if (d.err) throw std::runtime_error(done_error(d));
     on_wire_done(d.c, d.len);
   }
   return !got.empty();
@@ -747,11 +770,26 @@ void Engine::run() {
 }
 
 void Engine::fail(const std::string& why) {
+  stop_wire(why);
   {
     std::lock_guard<std::mutex> g(mu_);
     if (error_.empty()) error_ = why;
   }
   done_cv_.notify_all();
+}
+
+void Engine::stop_wire(const std::string& why) {
+  {
+    std::lock_guard<std::mutex> g(cq_mu_);
+    if (wire_error_.empty()) wire_error_ = why;
+  }
+  wire_failed_.store(true);
+  cq_cv_.notify_all();  // the progress thread: stop waiting for pumps' news
+}
+
+std::string Engine::wire_error() {
+  std::lock_guard<std::mutex> g(cq_mu_);
+  return wire_error_;
 }
 
 void Engine::stop_pumps() {
@@ -791,16 +829,25 @@ void Engine::teardown() {
 }
 
 void Engine::close() {
+  std::lock_guard<std::mutex> once(close_mu_);  // a second caller waits for the first
   {
     std::lock_guard<std::mutex> g(mu_);
     stop_ = true;
   }
   work_cv_.notify_all();
   if (thread_.joinable()) thread_.join();
-  if (!closed_) {
-    teardown();
+  bool torn;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    torn = closed_;
+  }
+  if (torn) return;
+  teardown();
+  {
+    std::lock_guard<std::mutex> g(mu_);
     closed_ = true;
   }
+  done_cv_.notify_all();
 }
 
 std::map<std::string, std::string> Engine::info() const {

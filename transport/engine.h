@@ -116,10 +116,13 @@ class Engine {
   void on_wire_done(Chunk* c, uint64_t len);
   void finish_chunk(Chunk* c);
   bool poll_cqs();
+  size_t read_rail(int rail, std::vector<Done>* out);
   void pump(int rail);  // a rail's pump thread
   void stop_pumps();
   bool poll_copies();
   void fail(const std::string& why);
+  void stop_wire(const std::string& why);  // post nothing more: the first failure's text is kept
+  std::string wire_error();
   void teardown();
   Pair& pair(int peer);
 
@@ -137,6 +140,16 @@ class Engine {
   std::atomic<bool> pump_stop_{false};
   std::mutex pump_mu_;  // sleeping pumps wait on pump_cv_; a post to an idle rail wakes them
   std::condition_variable pump_cv_;
+  // libfabric 1.17's rxm closes a dead peer's connection inside a read of the
+  // queue but leaves that peer's rendezvous requests queued as unexpected
+  // messages, pointing at the closed connection: a receive posted later that
+  // matches one reads through its NULL endpoint (SIGSEGV). So per rail a
+  // queue read and a post never overlap, and once a read has seen an error
+  // (or the engine failed) nothing more is posted on any rail.
+  std::mutex wire_mu_[16];               // per rail (PZ_FABRIC_RAILS <= 16)
+  std::atomic<bool> wire_failed_{false};
+  std::string wire_error_;               // under cq_mu_
+  std::mutex close_mu_;                  // close() from several threads: one tears down
   void* copy_stream_ = nullptr;
   void* order_event_ = nullptr;
 
