@@ -39,7 +39,10 @@ class _Waiter:
 
     def _run(self):
         while True:
-            fn, done, box = self._q.get()
+            job = self._q.get()
+            if job is None:
+                return
+            fn, done, box = job
             try:
                 fn()
             except BaseException as e:  # noqa: BLE001 - re-raised on the caller's thread
@@ -50,6 +53,10 @@ class _Waiter:
         done, box = threading.Event(), []
         self._q.put((fn, done, box))
         return done, box
+
+    def stop(self):
+        """The thread ends once the wait it runs (if any) ends."""
+        self._q.put(None)
 
 
 def movable(t: torch.Tensor, backend: str) -> torch.Tensor:
@@ -89,6 +96,9 @@ class TorchDistTransport(Transport):
 
     def close(self) -> None:
         self.close_watch()
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None:
+            waiter.stop()
         self.group.close()
 
     def connect(self, deadline: Deadline) -> None:
