@@ -9,6 +9,7 @@ survivor's first send meets a dead peer), or `delay` seconds into a 256 MiB
 all_reduce or send/recv ("mid"), raw or compressed."""
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import resource
@@ -181,7 +182,7 @@ def _fabric_here() -> str:
 
 # (op, mode, when, delay): before any traffic, and early in raw and compressed transfers.
 CI_JOBS = [("send", "never", "before", 0.0), ("recv", "never", "mid", 0.05), ("all_reduce", "never", "mid", 0.1),
-           ("all_reduce", "always", "mid", 0.3), ("recv", "always", "mid", 0.2), ("send", "never", "mid", 0.02)]
+           ("all_reduce", "always", "mid", 0.3)]
 
 
 @pytest.mark.skipif(bool(_fabric_here()), reason=_fabric_here())
@@ -199,7 +200,67 @@ def test_survivor_raises_when_its_peer_is_killed():
         if r["outcome"] == "raised":
             assert r["kind"] in ("PeerError", "PeerTimeout") and r["elapsed"] < 3.0 + 3, r
             assert r["close_s"] < 12, r
-    assert sum(r["outcome"] == "raised" for r in res) >= 3, res  # the kills landed
+    assert sum(r["outcome"] == "raised" for r in res) >= 2, res  # the kills landed
+
+
+def _stale_rendezvous(rank: int, port: int, wait_s: float) -> None:
+    """Rank 1 posts a 8 MiB send (rendezvous requests for its first chunks
+    reach rank 0, which has posted nothing: unexpected messages) and dies;
+    rank 0 posts the matching receive once its engine has seen the
+    connection close. Prints what rank 0's receive did."""
+    import torch
+    import torch.distributed as dist
+
+    from portable_zip import _C
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    eng = _C.FabricEngine("tcp;ofi_rxm", 2, 2 << 20, 4, False, -1, rank, 2, True, 2000, bytes(range(16)), "")
+    store = dist.distributed_c10d._get_default_store()
+    store.set(f"addr{rank}", eng.address())
+    eng.connect([store.get(f"addr{r}") for r in range(2)])
+    buf = torch.ones(8 << 20, dtype=torch.uint8)
+    dist.barrier()
+    if rank == 1:
+        eng.post([(0, 0, buf.data_ptr(), buf.numel(), False)], 0)
+        time.sleep(0.5)  # the requests are out
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(wait_s)  # the pumps read the queues meanwhile: rxm processes the peer's shutdown
+    try:
+        got = eng.wait(eng.post([(1, 1, buf.data_ptr(), buf.numel(), False)], 0), 3.0)
+        print("receive: " + ("timed out" if got is None else f"completed {got}"), flush=True)
+    except RuntimeError as e:
+        print(f"receive: raised {e}", flush=True)
+    eng.close()
+    print("closed", flush=True)
+    os._exit(0)
+
+
+def stale_rendezvous_run(wait_s: float = 2.0, env: dict | None = None) -> tuple:
+    """(rank 0's return code, its output): a signal is a negative code."""
+    code = ("import os, signal, sys, time\n" + inspect.getsource(_stale_rendezvous) +
+            "_stale_rendezvous(int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]))\n")
+    port = free_port()
+    procs = [subprocess.Popen([sys.executable, "-P", "-c", code, str(r), str(port), str(wait_s)],
+                              env={**os.environ, **TCP, **(env or {})}, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for r in range(2)]
+    try:
+        out, err = procs[0].communicate(timeout=120)
+    finally:
+        for p in procs:
+            p.kill()
+            p.communicate()
+    return procs[0].returncode, out + err[-2000:]
+
+
+@pytest.mark.skipif(bool(_fabric_here()), reason=_fabric_here())
+def test_receive_matching_a_dead_peers_rendezvous_raises():
+    """The crash's own sequence, made deterministic: a receive posted after a
+    dead peer's connection closed, matching that peer's queued rendezvous
+    request, must fail cleanly (libfabric 1.17's rxm, asked for
+    FI_DIRECTED_RECV, read through the closed connection's NULL endpoint)."""
+    rc, out = stale_rendezvous_run()
+    assert rc == 0 and "receive: " in out and "closed" in out, (rc, out)
+    assert "completed" not in out, out
 
 
 if __name__ == "__main__":

@@ -68,6 +68,10 @@ bool sized_total(const uint8_t* head, uint64_t avail, uint64_t room, uint64_t* t
   return fmt::stream_total_bytes(head, avail, total) && *total >= fmt::kFixedHeaderBytes && *total <= room;
 }
 
+// Why the wire stopped when rxm tore a connection down (fabric_lib.h, conn_closes_here).
+constexpr char kConnClosed[] =
+    "a peer's connection closed (the peer exited or died; libfabric tore the connection down)";
+
 void check(int rc, const char* what) {
   if (rc) throw std::runtime_error(std::string("libfabric: ") + what + " failed: " + err_text(rc));
 }
@@ -516,11 +520,13 @@ bool Engine::post_wire(Chunk* c) {
   ssize_t rc;
   std::unique_lock<std::mutex> gate(wire_mu_[c->rail]);  // not during this rail's queue read (engine.h)
   if (wire_failed_.load()) throw std::runtime_error(wire_error());
+  const uint64_t closes = conn_closes_here();  // a send that connects runs rxm's progress too
   if (x->send())
     rc = fi_tsend(r.ep, buf, c->len, desc, r.addr[peer], wire_tag(cfg_, cfg_.rank, peer, x->seq, c->idx), &c->ctx);
   else
     rc = fi_trecv(r.ep, buf, c->len, desc, directed_ ? r.addr[peer] : FI_ADDR_UNSPEC,
                   wire_tag(cfg_, peer, cfg_.rank, x->seq, c->idx), 0, &c->ctx);
+  if (conn_closes_here() != closes) stop_wire(kConnClosed);
   gate.unlock();
   if (rc == -FI_EAGAIN) return false;
   if (rc) throw std::runtime_error(std::string(x->send() ? "posting a send to rank " : "posting a receive from rank ") +
@@ -630,9 +636,11 @@ static std::string done_error(const Done& d) {
 size_t Engine::read_rail(int r, std::vector<Done>* out) {
   std::lock_guard<std::mutex> gate(wire_mu_[r]);
   const size_t first = out->size();
+  const uint64_t closes = conn_closes_here();
   const size_t n = read_cq(rails_[r].cq, out);
   for (size_t i = first; i < out->size(); ++i)
     if ((*out)[i].err) stop_wire(done_error((*out)[i]));
+  if (conn_closes_here() != closes) stop_wire(kConnClosed);
   return n;
 }
 

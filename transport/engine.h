@@ -140,12 +140,14 @@ class Engine {
   std::atomic<bool> pump_stop_{false};
   std::mutex pump_mu_;  // sleeping pumps wait on pump_cv_; a post to an idle rail wakes them
   std::condition_variable pump_cv_;
-  // libfabric 1.17's rxm closes a dead peer's connection inside a read of the
-  // queue but leaves that peer's rendezvous requests queued as unexpected
-  // messages, pointing at the closed connection: a receive posted later that
-  // matches one reads through its NULL endpoint (SIGSEGV). So per rail a
-  // queue read and a post never overlap, and once a read has seen an error
-  // (or the engine failed) nothing more is posted on any rail.
+  // libfabric 1.17's rxm tears a dead peer's connection down inside a
+  // progress call (a queue read, a connecting send) but leaves that peer's
+  // rendezvous requests queued as unexpected messages pointing at it: a
+  // receive posted later that matches one reads through the closed
+  // connection's NULL endpoint (SIGSEGV). So per rail a queue read and a post
+  // never overlap, and once a call has torn a connection down
+  // (conn_closes_here), a read has returned an error, or the engine failed,
+  // nothing more is posted on any rail.
   std::mutex wire_mu_[16];               // per rail (PZ_FABRIC_RAILS <= 16)
   std::atomic<bool> wire_failed_{false};
   std::string wire_error_;               // under cq_mu_

@@ -1,9 +1,11 @@
 #include "fabric_lib.h"
 
 #include <dlfcn.h>
+#include <rdma/fi_ext.h>
 
 #include <csignal>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <stdexcept>
 
@@ -53,6 +55,52 @@ class KeepSignals {
   struct sigaction saved_[NSIG]{};
   bool ok_[NSIG]{};
 };
+
+// rxm (libfabric 1.17) tears down a peer's connection, when the peer closes
+// or dies, inside a progress call (a queue read, a send that connects) and
+// says so only in its log ("shutdown conn"), while that peer's queued
+// rendezvous requests still point at the connection: a receive that matches
+// one later crashes. A logger counts those notices per thread, so the engine
+// learns of the teardown in the very call that did it (conn_closes_here).
+// Every other message goes where libfabric's own logger sends it.
+thread_local uint64_t t_conn_closes = 0;
+struct fi_ops_log g_default_log{};
+
+bool rxm_shutdown_notice(const struct fi_provider* prov, enum fi_log_level level, enum fi_log_subsys subsys) {
+  return level == FI_LOG_INFO && subsys == FI_LOG_EP_CTRL && prov && prov->name &&
+         std::strcmp(prov->name, "ofi_rxm") == 0;
+}
+
+int log_enabled(const struct fi_provider* prov, enum fi_log_level level, enum fi_log_subsys subsys, uint64_t flags) {
+  return rxm_shutdown_notice(prov, level, subsys) || g_default_log.enabled(prov, level, subsys, flags);
+}
+
+void log_message(const struct fi_provider* prov, enum fi_log_level level, enum fi_log_subsys subsys, const char* func,
+                 int line, const char* msg) {
+  const bool notice = rxm_shutdown_notice(prov, level, subsys);
+  if (notice && std::strncmp(msg, "shutdown conn", 13) == 0) ++t_conn_closes;
+  if (!notice || g_default_log.enabled(prov, level, subsys, 0)) g_default_log.log(prov, level, subsys, func, line, msg);
+}
+
+struct fi_ops_log g_log_ops = {sizeof(struct fi_ops_log), log_enabled, nullptr, log_message};
+struct fid_logging g_log_fid{};
+
+// Best effort: a library without the logging import (< 1.17) keeps its logger.
+void watch_shutdowns(void* h, uint32_t version) {
+  using Open = int (*)(uint32_t, const char*, void*, size_t, uint64_t, struct fid**, void*);
+  const auto open = reinterpret_cast<Open>(dlsym(h, "fi_open"));  // FABRIC_1.5
+  if (!open) return;
+  struct fid* logging = nullptr;
+  if (open(version, "logging", nullptr, 0, 0, &logging, nullptr) != 0 || !logging) return;
+  const auto* current = reinterpret_cast<struct fid_logging*>(logging)->ops;
+  if (current && current->enabled && current->log) {
+    g_default_log = *current;
+    g_log_fid.fid.fclass = FI_CLASS_LOG;
+    g_log_fid.ops = &g_log_ops;
+    if (fi_import_fid(logging, &g_log_fid.fid, 0) != 0) g_default_log = {};
+  }
+  fi_close(logging);
+}
 
 int getinfo_keeping_signals(uint32_t v, const char* node, const char* service, uint64_t flags,
                             const struct fi_info* hints, struct fi_info** info) {
@@ -117,6 +165,8 @@ void load() {
   if (FI_MAJOR(v) < 1 || (FI_MAJOR(v) == 1 && FI_MINOR(v) < 9))
     g_error = g_lib.path + " is libfabric " + std::to_string(FI_MAJOR(v)) + "." + std::to_string(FI_MINOR(v)) +
               "; portable_zip needs 1.9 or newer";
+  else
+    watch_shutdowns(h, v);
 }
 
 std::once_flag g_once;
@@ -133,6 +183,8 @@ const Lib& lib() {
   if (!e.empty()) throw std::runtime_error(e);
   return g_lib;
 }
+
+uint64_t conn_closes_here() { return t_conn_closes; }
 
 std::string err_text(int rc) {
   if (load_error().empty()) return std::string(g_lib.strerror(rc < 0 ? -rc : rc)) + " (" + std::to_string(rc) + ")";

@@ -26,5 +26,8 @@ const Lib& lib();
 // The same, as text: "" when loaded, else why not (never throws).
 std::string load_error();
 std::string err_text(int rc);  // fi_strerror of a (negative) return code
+// How many connections libfabric's rxm has torn down (a peer closed or died)
+// inside this thread's calls so far: compare around a call (fabric_lib.cpp).
+uint64_t conn_closes_here();
 
 }  // namespace pz::fabric
