@@ -633,3 +633,27 @@ def test_words_at_end(lanes):
 def test_words_run_out(lanes):
     with pytest.raises(pz.FormatError, match="coded data is inconsistent"):
         pz.decompress(words_run_out_stream(lanes))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not (torch.cuda.is_available() and pz.backend_info()["backend"] in ("cuda", "hip")),
+                    reason="needs a GPU build and a GPU")
+@pytest.mark.parametrize("with_out", [True, False])
+def test_decompress_batch_gpu_names_every_failed_stream_and_decodes_the_rest(with_out):
+    """The GPU path alike: one launch decodes the batch; check=True (or no
+    out=) reports every failed stream at once, and the others hold their data."""
+    rng = fresh_rng()
+    n = 7
+    bad = tuple(sorted(rng.choice(n, size=2, replace=False).tolist()))
+    ts, bufs = _bad_batch(n, bad, rng)
+    ts, bufs = [t.cuda() for t in ts], [b.cuda() for b in bufs]
+    outs = [torch.full_like(t, 7) for t in ts] if with_out else None
+    with pytest.raises(pz.FormatError) as e:
+        pz.decompress_batch(bufs, out=outs, check=True)
+    a, b = bad
+    assert str(e.value).startswith(f"decompress_batch: streams {a}, {b} failed (stream {a}: "), str(e.value)
+    assert e.value.streams == [a, b]
+    if with_out:
+        for i, (o, t) in enumerate(zip(outs, ts)):
+            if i not in bad:
+                assert same_bits(o, t), i

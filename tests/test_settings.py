@@ -38,3 +38,20 @@ def test_bad_fabric_values_raise_only_where_a_fabric_is_made(name):
     s = settings.Settings.from_env({name: "two"})  # a Communicator without the fabric never parses them
     with pytest.raises(ValueError, match=name):
         s.fabric()
+
+
+@pytest.mark.parametrize("name, value, arg", [("PZ_LINK_GBPS", "-5", "link_gbps"), ("PZ_LINK_GBPS", "inf", "link_gbps"),
+                                              ("PZ_CODEC_GBPS", "0", "codec_gbps"),
+                                              ("PZ_LINK_LATENCY_US", "-1", "latency_us"),
+                                              ("PZ_POLICY_MARGIN", "1.5", "margin"),
+                                              ("PZ_POLICY_MARGIN", "nan", "margin")])
+def test_policy_overrides_out_of_range_name_argument_and_variable(monkeypatch, name, value, arg):
+    """Numbers settings.py parses but the policy cannot use: the Communicator
+    rejects them before it touches torch.distributed, naming both."""
+    import portable_zip as pz
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=rf"^{arg} \(from {name}\) must be None or a number"):
+        pz.Communicator()
+    monkeypatch.delenv(name)
+    with pytest.raises(ValueError, match=rf"^{arg} must be None or a number"):
+        pz.Communicator(**{arg: float(value)})

@@ -108,7 +108,20 @@ class ProcessGroupPZ(dist.ProcessGroup):
         self.timeout = timeout_of(options.timeout if options.timeout is not None else
                                   (s.timeout if s.timeout is not None else timeout), s)
         self.devices = frozenset(devices)
-        self._inner: Dict[str, Group] = {"cpu": Group(store, rank, ranks, "gloo", self.timeout, f"{name}/cpu")}
+        self._inner: Dict[str, Group] = {}
+        self._p2ps: Dict[str, P2P] = {}
+        self._comms: Dict[str, Communicator] = {}
+        self._forwarded: List[object] = []
+        self._lock = threading.RLock()  # DDP's reducer posts from autograd threads
+        self._closed = False
+        try:
+            self._make(store, rank, ranks, name, options)
+        except BaseException:
+            self.shutdown()  # a failed construction keeps no groups, threads or sockets
+            raise
+
+    def _make(self, store, rank: int, ranks: List[int], name: str, options: Options) -> None:
+        self._inner["cpu"] = Group(store, rank, ranks, "gloo", self.timeout, f"{name}/cpu")
         # Two ranks on one GPU (transport="fabric") cannot use NCCL: their
         # forwarded GPU ops stage through host memory over gloo instead.
         if torch.cuda.is_available() and options.transport != "fabric":
@@ -119,14 +132,9 @@ class ProcessGroupPZ(dist.ProcessGroup):
         self._set_default_backend(_KIND[self._inner["cpu"].backend])
         _agree_options(self._inner["cpu"], options, self.timeout)
         # Point to point: per inner kind, its header group (the inner one) and a data group.
-        self._p2ps: Dict[str, P2P] = {}
         for kind, g in self._inner.items():
             data = Group(store, rank, ranks, g.backend, self.timeout, f"{name}/{kind}-data")
             self._p2ps[kind] = P2P(g, data, options.compress, self._pays(kind), options.max_sms or 0)
-        self._comms: Dict[str, Communicator] = {}
-        self._forwarded: List[object] = []
-        self._lock = threading.RLock()  # DDP's reducer posts from autograd threads
-        self._closed = False
         if "cpu" in self.devices:
             # Made now, with every rank here: never raced by a first op on
             # another thread. A GPU kind's waits for its first op, after the
@@ -415,7 +423,8 @@ class ProcessGroupPZ(dist.ProcessGroup):
             comms, self._comms = list(self._comms.values()), {}
             for c in comms:
                 c.close()
-            for p in self._p2ps.values():
+            p2ps, self._p2ps = list(self._p2ps.values()), {}  # their pays() closures hold self: no cycle
+            for p in p2ps:
                 p.close()
                 p.data.close()
             for g in self._inner.values():
