@@ -526,7 +526,7 @@ bool Engine::post_wire(Chunk* c) {
   else
     rc = fi_trecv(r.ep, buf, c->len, desc, directed_ ? r.addr[peer] : FI_ADDR_UNSPEC,
                   wire_tag(cfg_, peer, cfg_.rank, x->seq, c->idx), 0, &c->ctx);
-  if (conn_closes_here() != closes) stop_wire(kConnClosed);
+  if (conn_closes_here() != closes) conn_torn();
   gate.unlock();
   if (rc == -FI_EAGAIN) return false;
   if (rc) throw std::runtime_error(std::string(x->send() ? "posting a send to rank " : "posting a receive from rank ") +
@@ -640,7 +640,7 @@ size_t Engine::read_rail(int r, std::vector<Done>* out) {
   const size_t n = read_cq(rails_[r].cq, out);
   for (size_t i = first; i < out->size(); ++i)
     if ((*out)[i].err) stop_wire(done_error((*out)[i]));
-  if (conn_closes_here() != closes) stop_wire(kConnClosed);
+  if (conn_closes_here() != closes) conn_torn();
   return n;
 }
 
@@ -786,6 +786,11 @@ void Engine::fail(const std::string& why) {
   done_cv_.notify_all();
 }
 
+void Engine::conn_torn() {
+  torn_.store(true);
+  stop_wire(kConnClosed);
+}
+
 void Engine::stop_wire(const std::string& why) {
   {
     std::lock_guard<std::mutex> g(cq_mu_);
@@ -809,8 +814,18 @@ void Engine::stop_pumps() {
 
 void Engine::teardown() {
   stop_pumps();
+  // After rxm tore a connection down under transfers in flight, closing its
+  // endpoint crashes inside rxm too (its close flushes completions that name
+  // the closed connection): such endpoints (and their queues, vectors,
+  // domains) are left open, and since rxm moves data only inside our calls
+  // (manual progress), none moves any more. A leak per failed engine.
+  bool keep;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    keep = torn_.load() && !error_.empty();
+  }
   for (auto& r : rails_) {  // no posted operation outlives this: the provider cancels them
-    if (r.ep) fi_close(&r.ep->fid);
+    if (r.ep && !keep) fi_close(&r.ep->fid);
     r.ep = nullptr;
   }
   // Staging copies still queued touch user memory and the slots: let them end.
@@ -830,7 +845,12 @@ void Engine::teardown() {
     p.events.clear();
   }
   pairs_.clear();  // the transfers and chunks they held are leaked on purpose: the provider may still name them
-  close_endpoints();
+  if (keep) {  // the rails' queues, vectors and domains stay with their endpoints
+    rails_.clear();
+    fabric_ = nullptr;
+  } else {
+    close_endpoints();
+  }
   if (order_event_) gpu_event_free(order_event_);
   if (copy_stream_) gpu_stream_free(copy_stream_);
   order_event_ = copy_stream_ = nullptr;

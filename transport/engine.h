@@ -122,6 +122,7 @@ class Engine {
   bool poll_copies();
   void fail(const std::string& why);
   void stop_wire(const std::string& why);  // post nothing more: the first failure's text is kept
+  void conn_torn();  // rxm tore a connection down in this thread's last call
   std::string wire_error();
   void teardown();
   Pair& pair(int peer);
@@ -150,6 +151,7 @@ class Engine {
   // nothing more is posted on any rail.
   std::mutex wire_mu_[16];               // per rail (PZ_FABRIC_RAILS <= 16)
   std::atomic<bool> wire_failed_{false};
+  std::atomic<bool> torn_{false};        // rxm tore a connection down: teardown leaves its endpoints open
   std::string wire_error_;               // under cq_mu_
   std::mutex close_mu_;                  // close() from several threads: one tears down
   void* copy_stream_ = nullptr;
