@@ -400,7 +400,8 @@ NB_MODULE(_C, m) {
 #if defined(PZ_WITH_FABRIC)
       // A failure aborts the engine: its blocked wait raises why at once.
       .def("attach", [](watch::Watch& w, fabric::Engine& e) {
-        w.attach([&e](const std::string& why) { e.abort(why); });
+        e.set_watched();
+        w.attach([&e](const std::string& why) { e.abort(why); }, [&e](int peer) { e.peer_gone(peer); });
       }, nb::keep_alive<1, 2>())
 #endif
       .def("close", &watch::Watch::close, nb::call_guard<nb::gil_scoped_release>());

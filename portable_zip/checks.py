@@ -67,9 +67,10 @@ def mark() -> int:
 
 
 def _raise(failed: list) -> None:
-    what, bits = failed[0]
-    more = f" (and {len(failed) - 1} more failed decodes)" if len(failed) > 1 else ""
-    raise _C.FormatError(f"{what}: {_C.decode_error_text(bits)}{more}")
+    """One FormatError naming every failed decode (the first 16 in full)."""
+    lines = [f"{what}: {_C.decode_error_text(bits)}" for what, bits in failed[:16]]
+    more = f"; and {len(failed) - 16} more failed decodes" if len(failed) > 16 else ""
+    raise _C.FormatError("; ".join(lines) + more)
 
 
 def name(what: str, i: Optional[int]) -> str:

@@ -81,6 +81,21 @@ def test_strangers_never_count_and_a_wrong_secret_is_refused():
     d.close()
 
 
+def test_idle_strangers_cannot_turn_a_peer_away():
+    """More silent connections than the listener holds: the oldest go, and the real peer still gets in."""
+    a, b = _pair()
+    port = int(a.address().split()[1])
+    junk = [socket.create_connection(("127.0.0.1", port)) for _ in range(80)]
+    try:
+        assert _connect_all([a, b]) == [None, None]
+        assert a.dead() is None and b.dead() is None
+    finally:
+        for s in junk:
+            s.close()
+        a.close()
+        b.close()
+
+
 def test_goodbye_is_no_death_but_fails_a_wait_still_open_on_it():
     a, b = _pair()
     assert _connect_all([a, b]) == [None, None]

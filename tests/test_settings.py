@@ -55,3 +55,14 @@ def test_policy_overrides_out_of_range_name_argument_and_variable(monkeypatch, n
     monkeypatch.delenv(name)
     with pytest.raises(ValueError, match=rf"^{arg} must be None or a number"):
         pz.Communicator(**{arg: float(value)})
+
+
+@pytest.mark.parametrize("value", ["abc", "-1", "0", "inf"])
+def test_a_bad_pz_timeout_names_the_variable(value):
+    from portable_zip.comm.setup import timeout_of
+
+    with pytest.raises(ValueError, match="PZ_TIMEOUT"):
+        timeout_of(None, settings.Settings.from_env({"PZ_TIMEOUT": value}))
+    assert timeout_of(None, settings.Settings.from_env({"PZ_TIMEOUT": "7.5"})) == 7.5
+    with pytest.raises(TypeError, match=r"^timeout must"):
+        timeout_of([1], settings.Settings.from_env({}))

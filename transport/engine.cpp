@@ -76,6 +76,20 @@ void check(int rc, const char* what) {
   if (rc) throw std::runtime_error(std::string("libfabric: ") + what + " failed: " + err_text(rc));
 }
 
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// A torn connection is a peer's (it died or closed) or a stranger's (a
+// process that spoke rxm to our endpoint and left). Without a watch: a
+// peer's, the wire stops. With one: posts wait (a receive posted now could
+// match the torn connection's stale requests) until the watch names a peer
+// that went, then the wire stops; a peer's going reaches the watch at once
+// (its sockets close with it), so after kStrangerNs with none it was a
+// stranger's, and posts resume.
+constexpr int64_t kStrangerNs = 3'000'000'000;
+
 }  // namespace
 
 struct Xfer {
@@ -520,6 +534,10 @@ bool Engine::post_wire(Chunk* c) {
   ssize_t rc;
   std::unique_lock<std::mutex> gate(wire_mu_[c->rail]);  // not during this rail's queue read (engine.h)
   if (wire_failed_.load()) throw std::runtime_error(wire_error());
+  if (int64_t until = suspect_until_.load()) {  // whose connection tore? (conn_torn): wait, then resume
+    if (now_ns() < until) return false;
+    suspect_until_.compare_exchange_strong(until, 0);
+  }
   const uint64_t closes = conn_closes_here();  // a send that connects runs rxm's progress too
   if (x->send())
     rc = fi_tsend(r.ep, buf, c->len, desc, r.addr[peer], wire_tag(cfg_, cfg_.rank, peer, x->seq, c->idx), &c->ctx);
@@ -788,7 +806,20 @@ void Engine::fail(const std::string& why) {
 
 void Engine::conn_torn() {
   torn_.store(true);
-  stop_wire(kConnClosed);
+  if (!watched_.load() || gone_.load() >= 0) {
+    stop_wire(kConnClosed);
+    return;
+  }
+  suspect_until_.store(now_ns() + kStrangerNs);
+  if (gone_.load() >= 0) stop_wire(kConnClosed);  // peer_gone ran meanwhile and saw no suspicion yet
+}
+
+void Engine::peer_gone(int peer) {
+  int none = -1;
+  gone_.compare_exchange_strong(none, peer);
+  const int64_t until = suspect_until_.load();
+  if (until && now_ns() < until)
+    stop_wire("rank " + std::to_string(peer) + " went while its connection was torn down (" + kConnClosed + ")");
 }
 
 void Engine::stop_wire(const std::string& why) {

@@ -83,6 +83,10 @@ class Engine {
   // flight): the engine closes, and later posts raise with why.
   void abort(const std::string& why);
   void close();
+  // With a liveness watch (watch.h): it says which peers have gone, so a
+  // connection the provider tore down is told apart from a stranger's.
+  void set_watched() { watched_.store(true); }
+  void peer_gone(int peer);
 
  private:
   struct Batch {
@@ -152,6 +156,9 @@ class Engine {
   std::mutex wire_mu_[16];               // per rail (PZ_FABRIC_RAILS <= 16)
   std::atomic<bool> wire_failed_{false};
   std::atomic<bool> torn_{false};        // rxm tore a connection down: teardown leaves its endpoints open
+  std::atomic<bool> watched_{false};     // a liveness watch reports peers that go (peer_gone)
+  std::atomic<int> gone_{-1};            // the first peer the watch saw go
+  std::atomic<int64_t> suspect_until_{0};  // steady-clock ns: a torn connection not yet known to be a peer's
   std::string wire_error_;               // under cq_mu_
   std::mutex close_mu_;                  // close() from several threads: one tears down
   void* copy_stream_ = nullptr;

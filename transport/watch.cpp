@@ -38,7 +38,8 @@ constexpr double kBeatS = 1.0;  // at most: a heartbeat timeout under 4 s beats 
 // program whose ranks leave at different times never fails.
 constexpr double kGoneGraceS = 1.0;
 constexpr size_t kHello = 20, kChallenge = 16, kProof = 8;
-constexpr int kMaxStrangers = 64;  // unproven connections held at once during connect()
+constexpr int kMaxStrangers = 64;  // unproven connections held at once during connect(); the oldest go first
+constexpr double kHandshakeS = 10.0;  // an accepted connection that has not proven the secret by then is closed
 
 using Clock = std::chrono::steady_clock;
 
@@ -120,6 +121,7 @@ struct Pending {
   uint64_t mine = 0, theirs = 0;
   uint8_t buf[32] = {};
   size_t got = 0;
+  Clock::time_point at = Clock::now();  // accepted: when (silent strangers are closed after kHandshakeS)
 };
 
 }  // namespace
@@ -205,17 +207,7 @@ void Watch::connect(const std::vector<std::string>& addrs, double timeout_s) {
       cleanup();
       throw std::runtime_error(errno_text("liveness watch: poll"));
     }
-    const size_t polled = pend.size();  // accepted below: polled next round
-    if (fds[0].revents & POLLIN) {
-      for (int fd; (fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC)) >= 0;) {
-        if (std::count_if(pend.begin(), pend.end(), [](const Pending& q) { return !q.dialing; }) >= kMaxStrangers) {
-          ::close(fd);  // more unproven connections than ranks could make: someone else's
-          continue;
-        }
-        nonblocking(fd);
-        pend.push_back({fd, -1, false});
-      }
-    }
+    const size_t polled = pend.size();  // accepted after the walk: polled next round
     // Walk back to front: drop() erases.
     for (size_t i = polled; i-- > 0;) {
       Pending& q = pend[i];
@@ -303,6 +295,25 @@ void Watch::connect(const std::vector<std::string>& addrs, double timeout_s) {
         --left;
       }
     }
+    if (fds[0].revents & POLLIN) {
+      for (int fd; (fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC)) >= 0;) {
+        // More unproven connections than ranks could make: someone else's. The
+        // oldest goes, never the newcomer, so strangers holding connections
+        // open cannot turn a real peer away.
+        if (std::count_if(pend.begin(), pend.end(), [](const Pending& q) { return !q.dialing; }) >= kMaxStrangers) {
+          auto oldest = std::find_if(pend.begin(), pend.end(), [](const Pending& q) { return !q.dialing; });
+          ::close(oldest->fd);
+          pend.erase(oldest);
+        }
+        nonblocking(fd);
+        pend.push_back({fd, -1, false});
+      }
+    }
+    for (size_t i = pend.size(); i-- > 0;)  // accepted but silent past the handshake's time: a stranger
+      if (!pend[i].dialing && since(pend[i].at, now) > kHandshakeS) {
+        ::close(pend[i].fd);
+        pend.erase(pend.begin() + long(i));
+      }
   }
   for (auto& q : pend) ::close(q.fd);  // strangers still mid-handshake
   ::close(listen_fd_);                 // every peer is here: nobody else may connect
@@ -341,15 +352,31 @@ void Watch::expect(const std::vector<int>& peers, int delta) {
   }
 }
 
-void Watch::attach(std::function<void(const std::string&)> on_failure) {
+void Watch::attach(std::function<void(const std::string&)> on_failure, std::function<void(int)> on_gone) {
   std::string why;
+  std::vector<int> gone;
   {
     std::lock_guard<std::mutex> lk(mu_);
     on_failure_ = std::move(on_failure);
-    if (!failed_) return;
+    on_gone_ = std::move(on_gone);
+    for (int j = 0; j < world_; ++j)
+      if (!peers_[j].gone.empty()) gone.push_back(j);
+    if (!failed_) {
+      for (int j : gone) on_gone_(j);  // gone before the attach
+      return;
+    }
     why = why_;
   }
   on_failure_(why);  // it failed before the attach: abort now
+}
+
+void Watch::went(int peer) {
+  std::function<void(int)> cb;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    cb = on_gone_;
+  }
+  if (cb) cb(peer);
 }
 
 void Watch::fail(int peer, const std::string& what) {
@@ -417,12 +444,16 @@ void Watch::run() {
           p.gone = "died: its connection closed (the process exited or was killed)", p.gone_at = t;
         }
         ::close(p.fd), p.fd = -1;
+        if (!p.bye) went(who_fd[i]);
         continue;
       }
       p.heard = t;
       if (std::memchr(b, kBye, size_t(n)) && !p.bye) {
-        std::lock_guard<std::mutex> lk(mu_);
-        p.bye = true, p.gone = "closed its Communicator while this rank still waits on it", p.gone_at = t;
+        {
+          std::lock_guard<std::mutex> lk(mu_);
+          p.bye = true, p.gone = "closed its Communicator while this rank still waits on it", p.gone_at = t;
+        }
+        went(who_fd[i]);
       }
     }
   }

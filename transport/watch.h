@@ -43,9 +43,11 @@ class Watch {
   // Waits in progress on these peers (+1 when one starts, -1 when it ends):
   // a peer that has gone (closed or died) while one is open for 1 s fails it.
   void expect(const std::vector<int>& peers, int delta);
-  // Called once, from the watch thread, at the first failure (the fabric
-  // engine's abort: a blocked wait raises at once).
-  void attach(std::function<void(const std::string&)> on_failure);
+  // on_failure: called once, from the watch thread, at the first failure
+  // (the fabric engine's abort: a blocked wait raises at once). on_gone:
+  // from the watch thread, each time a peer's connection closes or it says
+  // goodbye (the engine learns whose connection its provider tore down).
+  void attach(std::function<void(const std::string&)> on_failure, std::function<void(int)> on_gone = nullptr);
   void close();  // goodbye to every peer, join the thread, close every fd
 
  private:
@@ -78,6 +80,8 @@ class Watch {
   int failed_rank_ = -1;
   std::string why_;
   std::function<void(const std::string&)> on_failure_;
+  std::function<void(int)> on_gone_;
+  void went(int peer);  // on_gone_, outside mu_
   bool closed_ = false;
 };
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import time
 from typing import Iterable, List, Sequence
 
 from .. import _C
@@ -18,6 +19,9 @@ from .groups import swap_through_store
 from .transports.base import Op, Transport
 
 HEARTBEAT_TIMEOUT = 4.0  # PZ_HEARTBEAT_TIMEOUT's default
+# What a transport says when it saw a connection end but cannot tell whose,
+# or why (a dead peer and one that closed its Communicator look alike there).
+_VAGUE = ("a peer's connection closed", "peer likely dead")
 
 
 def listen_on(facts: List[dict], settings: Settings):
@@ -78,6 +82,17 @@ class Liveness:
         finally:
             self._w.expect(peers, -1)
 
+    def explain(self, err: PeerError, name: str) -> PeerError:
+        """err where the transport could not say whose connection ended, or
+        why: the watch's account instead, once it has one (within its 1 s
+        grace for a closed connection), else err as it was."""
+        if not any(v in str(err) for v in _VAGUE):
+            return err
+        end = time.monotonic() + 1.5
+        while (d := self._w.dead()) is None and time.monotonic() < end:
+            time.sleep(0.02)
+        return err if d is None else PeerError(f"{name}: {d[1]} (the transport: {err})")
+
     def attach(self, engine) -> None:
         """At the first failure the fabric engine is aborted: its wait raises."""
         self._w.attach(engine)
@@ -121,7 +136,10 @@ class Watched(Transport):
     def wait(self, pending, deadline: Deadline):
         posted, peers = pending
         with self.watch.waiting_on(peers):
-            return self.inner.wait(posted, deadline)
+            try:
+                return self.inner.wait(posted, deadline)
+            except PeerError as e:
+                raise self.watch.explain(e, self.name) from None
 
     def abort(self, why: str) -> None:
         self.inner.abort(why)

@@ -34,14 +34,17 @@ class Layout:
 
 
 def timeout_of(timeout, settings: Settings) -> float:
+    what = "timeout"
     if timeout is None:  # PZ_TIMEOUT, read as the argument would be
         timeout = 300.0 if settings.timeout is None else settings.timeout
+        what = "timeout" if settings.timeout is None else "timeout (from PZ_TIMEOUT)"
     try:
         out = float(timeout)
     except (TypeError, ValueError):
-        raise TypeError(f"timeout must be a number of seconds, got {timeout!r}") from None
+        err = TypeError if what == "timeout" else ValueError  # a variable's text is a bad value, not a bad type
+        raise err(f"{what} must be a number of seconds, got {timeout!r}") from None
     if not 0 < out < math.inf:
-        raise ValueError(f"timeout must be a positive, finite number of seconds, got {timeout!r}")
+        raise ValueError(f"{what} must be a positive, finite number of seconds, got {timeout!r}")
     return out
 
 
