@@ -49,12 +49,15 @@ def _worker(a: dict, rank: int, base) -> dict:
     t0 = time.monotonic()
     try:
         op = a["op"] if rank == 0 else {"send": "recv", "recv": "send"}.get(a["op"], a["op"])
-        if op == "all_reduce":
-            comm.all_reduce(t)
-        elif op == "send":
-            comm.send(t, 1 - rank)
-        else:
-            comm.recv(t, 1 - rank)
+        # A kill `delay` into traffic: the op repeats, so on a fast host too
+        # it is still moving bytes when the kill lands.
+        for _ in range(400 if a["when"] == "mid" else 1):
+            if op == "all_reduce":
+                comm.all_reduce(t)
+            elif op == "send":
+                comm.send(t, 1 - rank)
+            else:
+                comm.recv(t, 1 - rank)
         out = {"outcome": "completed", "elapsed": time.monotonic() - t0}
     except pz.PeerError as e:
         out = {"outcome": "raised", "kind": type(e).__name__, "elapsed": time.monotonic() - t0, "msg": str(e)[:300]}

@@ -230,8 +230,12 @@ def _build_sender(tmp_path) -> str:
     if not cc:
         pytest.fail("tests/test_fabric_strangers.py needs a C compiler on PATH (gcc or cc, or set CC)")
     exe = tmp_path / "unkeyed_sender"
+    # libfabric's own flags where pkg-config knows them (headers unpacked off the system paths too)
+    pc = subprocess.run(["pkg-config", "--cflags", "--libs", "libfabric"], capture_output=True, text=True) \
+        if shutil.which("pkg-config") else None
+    flags = pc.stdout.split() if pc is not None and pc.returncode == 0 else ["-lfabric"]
     subprocess.run([cc, "-std=c11", "-O2", "-Wall", "-Werror", str(TESTS / "fabric_stranger/unkeyed_sender.c"),
-                    "-lfabric", "-o", str(exe)], check=True)
+                    *flags, "-o", str(exe)], check=True)
     return str(exe)
 
 

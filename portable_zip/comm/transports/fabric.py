@@ -21,10 +21,12 @@ from .base import RECV, RECV_SIZED, SEND, SEND_SIZED, Op, Transport, TransportCo
 _HOST = torch.device("cpu")
 _KIND = {SEND: 0, RECV: 1, SEND_SIZED: 2, RECV_SIZED: 3}  # the engine's op codes
 # Control (or spec) then one round per wave. Host time per exchange: a
-# compressed 4 MiB send over tcp;ofi_rxm between two H200 ranks took 0.9 ms
-# more than ratio x raw (bench/results/h200-fabric.json, 2026-12-01): the
-# header read-back and the staging of the sized message's first chunk.
-FABRIC_COSTS = TransportCosts(p2p_rounds=2, coll_rounds=2, second_phase_rounds=1, host_exchange_s=900e-6)
+# compressed 32-64 MiB send over tcp;ofi_rxm between two ranks on one H200
+# took ~2 ms more than ratio x raw (16 MiB: 1.2 ms; h200-fabric-auto.json,
+# d0bda34): the header read-back, the staging of the sized message's first
+# chunk, and the stream's fewer chunks filling the rails less. With 0.9 ms
+# auto compressed 32 MiB sends at 0.93x of raw.
+FABRIC_COSTS = TransportCosts(p2p_rounds=2, coll_rounds=2, second_phase_rounds=1, host_exchange_s=2e-3)
 
 
 def available() -> str:
