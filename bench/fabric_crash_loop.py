@@ -31,13 +31,14 @@ OPS = ("all_reduce", "send", "recv")  # what the survivor does (its peer the oth
 MODES = ("never", "always")           # raw, compressed
 
 
-def plan(n: int, rng: random.Random, op_s: dict) -> list:
+def plan(n: int, rng: random.Random, op_s: dict, only: tuple = ()) -> list:
     """n jobs: a tenth killed before any fabric traffic, the rest at delays
     spread over 0.8 of each op's measured duration (op_s): kills land at its
     start, middle and end (a loaded host's op may still finish first)."""
     jobs = []
+    pairs = [(op, mode) for mode in MODES for op in OPS if not only or f"{op}:{mode}" in only]
     for i in range(n):
-        op, mode = OPS[i % len(OPS)], MODES[(i // len(OPS)) % len(MODES)]
+        op, mode = pairs[i % len(pairs)]
         if i % 10 == 9:
             jobs.append((op, mode, "before", 0.0))
         else:
@@ -105,6 +106,7 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=3.0, help="the Communicator's timeout, s")
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--cores", action="store_true", help="dump a crashed survivor's core and keep gdb's backtrace")
+    ap.add_argument("--only", default="", help="op:mode pairs to run, comma-separated (e.g. recv:never); all if empty")
     ap.add_argument("--out", default="", help="write the record here (JSON)")
     ARGS = ap.parse_args()
     seed = ARGS.seed if ARGS.seed is not None else random.randrange(2**31)
@@ -114,7 +116,7 @@ def main() -> None:
     op_s = durations(runner)
     print("unkilled op seconds:", {f"{k[0]} {k[1]}": round(v, 3) for k, v in op_s.items()}, flush=True)
     meta = {"seed": seed, "op_s": op_s, "t0": t0, "libfabric": libfabric_version()}
-    loop(runner, plan(ARGS.runs, rng, op_s), "release", results)
+    loop(runner, plan(ARGS.runs, rng, op_s, tuple(filter(None, ARGS.only.split(",")))), "release", results)
     runner.close()
     save(results, meta)  # the release runs' record stands even if the ASan phase fails
     if ARGS.asan_runs:
@@ -123,7 +125,7 @@ def main() -> None:
         env = {"LD_PRELOAD": libasan, "ASAN_OPTIONS": "detect_leaks=0:handle_segv=1:abort_on_error=1",
                "PYTHONPATH": os.path.abspath(ARGS.asan_dir)}
         runner = Runner(mib=ARGS.mib, env=env)
-        loop(runner, plan(ARGS.asan_runs, rng, {k: v * 1.5 for k, v in op_s.items()}), "asan", results)
+        loop(runner, plan(ARGS.asan_runs, rng, {k: v * 1.5 for k, v in op_s.items()}, tuple(filter(None, ARGS.only.split(",")))), "asan", results)
         runner.close()
         save(results, meta)
 
