@@ -109,7 +109,7 @@ def test_goodbye_is_no_death_but_fails_a_wait_still_open_on_it():
 
 
 def test_bad_interface_is_a_clear_error():
-    with pytest.raises(ValueError, match="PZ_FABRIC_IFACE=no-such-if0: no such interface.*lo"):
+    with pytest.raises(ValueError, match="PZ_FABRIC_IFACE=.no-such-if0.: no such network interface on this host .it has:.*lo"):
         _C.LivenessWatch(0, [0, 1], os.urandom(16), 4.0, "", "no-such-if0")
 
 

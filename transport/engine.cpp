@@ -7,8 +7,6 @@
 #include <rdma/fi_errno.h>
 #include <rdma/fi_tagged.h>
 
-#include <arpa/inet.h>
-#include <ifaddrs.h>
 #include <netinet/in.h>
 
 #include <algorithm>
@@ -18,6 +16,7 @@
 #include <stdexcept>
 
 #include "fabric_lib.h"
+#include "iface.h"  // PZ_FABRIC_IFACE
 #include "keyed.h"  // tags keyed by the group's secret
 #include "portable_zip/format.h"       // a sized message's length: the stream's own
 #include "portable_zip/gpu_runtime.h"  // staging copies of GPU memory
@@ -138,22 +137,10 @@ std::string probe() { return load_error(); }
 std::string bind_address(const std::string& iface, bool same_host) {
   std::string ip;
   if (!iface.empty()) {  // checked even on one host, where loopback wins: a typo shows at once
-    ifaddrs* all = nullptr;
-    if (getifaddrs(&all) != 0) throw std::runtime_error("PZ_FABRIC_IFACE: cannot list this host's interfaces");
-    bool seen = false;
-    for (ifaddrs* i = all; i; i = i->ifa_next) {
-      if (!i->ifa_name || iface != i->ifa_name) continue;
-      seen = true;
-      if (ip.empty() && i->ifa_addr && i->ifa_addr->sa_family == AF_INET) {
-        char buf[INET_ADDRSTRLEN];
-        inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(i->ifa_addr)->sin_addr, buf, sizeof buf);
-        ip = buf;
-      }
-    }
-    freeifaddrs(all);
-    if (ip.empty())
-      throw std::invalid_argument("PZ_FABRIC_IFACE='" + iface + "': " +
-                                  (seen ? "the interface has no IPv4 address" : "no such network interface on this host"));
+    sockaddr_storage sa;
+    socklen_t len;
+    net::iface_address(iface, false, &sa, &len);  // IPv4: the engine names its endpoint by a dotted address
+    ip = net::numeric_host(sa);
   }
   return same_host ? "127.0.0.1" : ip;
 }

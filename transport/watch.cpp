@@ -10,7 +10,6 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
-#include <ifaddrs.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -25,6 +24,7 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "iface.h"
 #include "keyed.h"
 
 namespace pz::watch {
@@ -80,25 +80,7 @@ std::string errno_text(const char* what) { return std::string(what) + ": " + std
 sockaddr_storage bind_address(const std::string& host, const std::string& iface, socklen_t* len) {
   sockaddr_storage out{};
   if (!iface.empty()) {
-    ifaddrs* all = nullptr;
-    if (getifaddrs(&all)) throw std::runtime_error(errno_text("liveness watch: getifaddrs"));
-    const ifaddrs* pick = nullptr;
-    std::string names;
-    for (const ifaddrs* a = all; a; a = a->ifa_next) {
-      if (!a->ifa_addr || (a->ifa_addr->sa_family != AF_INET && a->ifa_addr->sa_family != AF_INET6)) continue;
-      if (names.find(std::string(" ") + a->ifa_name + ",") == std::string::npos) names += std::string(" ") + a->ifa_name + ",";
-      if (iface != a->ifa_name) continue;
-      if (!pick || (pick->ifa_addr->sa_family == AF_INET6 && a->ifa_addr->sa_family == AF_INET)) pick = a;
-    }
-    if (!pick) {
-      freeifaddrs(all);
-      if (!names.empty()) names.pop_back();
-      throw std::invalid_argument("PZ_FABRIC_IFACE=" + iface + ": no such interface with an IP address (this host has:" +
-                                  names + ")");
-    }
-    *len = pick->ifa_addr->sa_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
-    std::memcpy(&out, pick->ifa_addr, *len);
-    freeifaddrs(all);
+    net::iface_address(iface, true, &out, len);
     return out;
   }
   addrinfo hints{}, *res = nullptr;
