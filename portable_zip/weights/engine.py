@@ -1,0 +1,387 @@
+"""pz.weights.Sender / Receiver: a round of weight sync over a Communicator.
+
+A round is one or more parts. Each part: every rank of the Communicator
+swaps a manifest (wire.gather), every rank plans the part alike
+(plan.plan_part), then per bucket: headers (kind, bytes, checksum per chunk),
+payloads (delta streams or full rows, through the Communicator's codec),
+apply and verify, and a status swap; chunks that failed travel full again in
+the same bucket (a repair), and a repair that fails raises FormatError on
+every rank."""
+from __future__ import annotations
+
+import itertools
+import numbers
+import time
+from typing import Callable, Iterable, Optional, Union
+
+import torch
+
+from ..comm.errors import MismatchError
+from . import plan as P
+from . import wire
+
+FULL, DELTA = 0, 1
+# Test hook: called as _corrupt(name, stream) on each delta stream before it is sent.
+_corrupt: Optional[Callable] = None
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """t as (rows, elements per row): chunks are row ranges of this view."""
+    return t.reshape(*P.rows_of(t.shape))
+
+
+def _check_keep(keep_base):
+    if keep_base not in ("cpu", "device", None):
+        raise ValueError(f"keep_base must be 'cpu', 'device' or None, got {keep_base!r}")
+
+
+def _check_version(version):
+    if isinstance(version, bool) or not isinstance(version, numbers.Integral):
+        raise TypeError(f"version must be an int, got {type(version).__name__}")
+    return int(version)
+
+
+def _shard(shards, name, t):
+    """(row0, global shape) of a tensor that may be a dim-0 shard."""
+    if shards and name in shards:
+        row0, total = shards[name]
+        if t.dim() == 0 or not 0 <= row0 <= row0 + t.shape[0] <= total:
+            raise ValueError(f"shard of {name!r}: rows [{row0}, {row0 + (t.shape[0] if t.dim() else 1)}) do not "
+                             f"fit {total} rows (shards are dim-0 row ranges)")
+        return int(row0), [int(total), *t.shape[1:]]
+    return 0, list(t.shape)
+
+
+class _Engine:
+    role = ""
+
+    def __init__(self, comm, bucket_bytes: int, keep_base, delta: bool, max_sms):
+        _check_keep(keep_base)
+        if not isinstance(bucket_bytes, numbers.Integral) or bucket_bytes < 1:
+            raise ValueError(f"bucket_bytes must be a positive int, got {bucket_bytes!r}")
+        self.comm, self.bucket_bytes, self.keep_base = comm, int(bucket_bytes), keep_base
+        self.delta, self.max_sms = bool(delta) and wire.delta_codec() is not None, max_sms
+        self.history: list = []  # one stats dict per part, newest last
+
+    @property
+    def stats(self) -> dict:
+        return self.history[-1] if self.history else {}
+
+    def _keep(self, t: torch.Tensor, old: Optional[torch.Tensor]) -> torch.Tensor:
+        """A copy of t where keep_base says (reusing the old buffer when it fits)."""
+        if old is None or old.shape != t.shape or old.dtype != t.dtype:
+            old = wire.pinned_if_cuda(t) if self.keep_base == "cpu" else torch.empty_like(t)
+        old.copy_(t)
+        return old
+
+    def _run_part(self, manifest: dict) -> P.Part:
+        t0 = time.perf_counter()
+        manifests = wire.gather(self.comm, manifest)
+        bucket = min(m["bucket_bytes"] for m in manifests if m["role"] == "send") if any(
+            m["role"] == "send" for m in manifests) else 1
+        part = P.plan_part(manifests, bucket)
+        P.check_unwanted(part, manifests)
+        st = {"version": part.version, "part": len(self.history), "chunks": len(part.chunks),
+              "buckets": len(part.buckets), "delta": 0, "full": 0, "repaired": 0, "sent_bytes": 0,
+              "received_bytes": 0, "raw_bytes": 0, "fallbacks": [], "repairs": []}
+        seen = set()
+        for c in part.chunks:
+            st["delta" if c.delta else "full"] += 1
+            if not c.delta and (c.dst, c.name, c.reason) not in seen:
+                seen.add((c.dst, c.name, c.reason))
+                st["fallbacks"].append({"receiver": c.dst, "name": c.name, "reason": c.reason})
+        self._begin(part)
+        for ids in part.buckets:
+            self._bucket(part, ids, st)
+        self._end(part)
+        st["seconds"] = time.perf_counter() - t0
+        self.history.append(st)
+        for r, names in part.taken.items():
+            self._taken.setdefault(r, set()).update(names)
+        if part.final:
+            P.check_round_end(manifests, self._taken)  # on every rank, senders too
+        return part
+
+    def _bucket(self, part: P.Part, ids: list, st: dict) -> None:
+        comm, rank, chunks = self.comm, self.comm.rank, part.chunks
+        out = [chunks[i] for i in ids if chunks[i].src == rank]
+        inc = [chunks[i] for i in ids if chunks[i].dst == rank]
+        # 1. headers: [kind, payload bytes, target checksum] per chunk
+        payloads, heads = [], {}
+        for c in out:
+            pay, kind, cs = self._payload(part, c)
+            payloads.append((c, pay))
+            heads.setdefault(c.dst, []).extend([kind, pay.numel() * pay.element_size(), cs])
+        got = {}
+        for c in inc:
+            got.setdefault(c.src, []).append(c)
+        works = [comm.isend(torch.tensor(h, dtype=torch.int64, device=comm.device), d) for d, h in heads.items()]
+        bufs = {s: torch.empty(3 * len(cs), dtype=torch.int64, device=comm.device) for s, cs in got.items()}
+        works += [comm.irecv(b, s) for s, b in bufs.items()]
+        for w in works:
+            w.wait()
+        head = {}
+        for s, cs in got.items():
+            vals = bufs[s].tolist()
+            for k, c in enumerate(cs):
+                head[c.id] = vals[3 * k:3 * k + 3]
+        # 2. payloads, in chunk order per peer
+        works = [comm.isend(pay, c.dst) for c, pay in payloads]
+        st["sent_bytes"] += sum(p.numel() * p.element_size() for _, p in payloads)
+        recvs = []
+        for c in inc:
+            kind, nbytes, _ = head[c.id]
+            buf = (torch.empty(nbytes, dtype=torch.uint8, device=comm.device) if kind == DELTA
+                   else self._landing(part, c))
+            recvs.append((c, buf))
+            st["received_bytes"] += nbytes
+            works.append(comm.irecv(buf, c.src))
+        for w in works:
+            w.wait()
+        # 3. apply and verify
+        failed = [[c.id, why] for c, buf in recvs for why in [self._land(part, c, buf, head[c.id])] if why]
+        st["raw_bytes"] += sum(P.chunk_bytes(c, part.meta) for c in inc)
+        # 4. status: every rank learns which chunks failed; those travel full again now
+        fails = [f for r in wire.gather(comm, failed) for f in r]
+        if not fails:
+            return self._landed(part, inc)
+        st["repaired"] += len(fails)
+        st["repairs"].extend({"receiver": chunks[i].dst, "name": chunks[i].name, "reason": why} for i, why in fails)
+        redo = [chunks[i] for i, _ in fails]
+        works, again = [], []
+        for c in redo:
+            if c.src == rank:
+                works.append(comm.isend(self._full(c), c.dst))
+            elif c.dst == rank:
+                again.append((c, self._landing(part, c)))
+                works.append(comm.irecv(again[-1][1], c.src))
+        for w in works:
+            w.wait()
+        still = [[c.id, why] for c, buf in again
+                 for why in [self._land(part, c, buf, [FULL, 0, head[c.id][2]])] if why]
+        still = [f for r in wire.gather(comm, still) for f in r]
+        if still:
+            i, why = still[0]
+            raise wire.FormatError(f"weight sync: {len(still)} chunk(s) failed their check even after a full "
+                                   f"resend, e.g. {chunks[i].name!r} rows [{chunks[i].g0}, {chunks[i].g1}) on "
+                                   f"rank {chunks[i].dst}: {why}")
+        self._landed(part, inc)
+
+    # Role hooks: the sender's and the receiver's sides of a bucket.
+    def _begin(self, part): pass
+    def _end(self, part): pass
+    def _landed(self, part, inc): pass
+
+
+class Sender(_Engine):
+    """The trainer side: send(named_tensors, version) runs one round.
+
+    comm: a pz.Communicator over every rank that takes part in the round
+        (senders and receivers; each rank is one or the other). It may be
+        replaced between rounds (`sender.comm = ...`): a receiver that joins
+        late joins the next round's Communicator.
+    bucket_bytes: the most raw bytes one bucket moves per sender-receiver
+        pair (tensors larger than it are cut into row ranges).
+    keep_base: where this rank keeps the version it last sent, for deltas:
+        "cpu" (pinned host memory when CUDA is present), "device" or None (no
+        deltas: every round is a full sync). Cost: one copy of every tensor
+        this rank sends.
+    delta: False turns delta coding off (full syncs only).
+    part_bytes: consume named_tensors in parts of at most this many bytes,
+        one manifest swap each, so a generator that materializes tensors
+        holds only one part at a time (None: one part per round).
+    """
+    role = "send"
+
+    def __init__(self, comm, *, bucket_bytes: int = 256 << 20, keep_base: Optional[str] = "cpu",
+                 delta: bool = True, max_sms: Optional[int] = None, part_bytes: Optional[int] = None):
+        super().__init__(comm, bucket_bytes, keep_base, delta, max_sms)
+        self.part_bytes = part_bytes
+        self.base: dict = {}  # name -> (version, row0, kept copy, checksum)
+
+    def send(self, named_tensors: Iterable, version: int, *, shards: Optional[dict] = None) -> list:
+        """Send every (name, tensor) as version `version`; returns this round's
+        stats (one dict per part). shards: name -> (row0, total rows) for
+        tensors that are dim-0 shards of a larger tensor."""
+        version = _check_version(version)
+        it = iter(named_tensors.items() if isinstance(named_tensors, dict) else named_tensors)
+        start, done, self._taken = len(self.history), False, {}
+        while True:
+            part, size = [], 0
+            for name, t in (() if done else it):
+                if not isinstance(t, torch.Tensor):
+                    raise TypeError(f"weight {name!r} is a {type(t).__name__}, not a tensor")
+                part.append((str(name), t.detach().contiguous()))
+                size += t.numel() * t.element_size()
+                if self.part_bytes is not None and size >= self.part_bytes:
+                    break
+            done = self.part_bytes is None or not part or size < self.part_bytes
+            if self._send_part(part, version, done, shards).final:  # every sender's last part
+                return self.history[start:]
+
+    def _send_part(self, tensors, version, final, shards):
+        self.tensors = dict(tensors)
+        if len(self.tensors) != len(tensors):
+            raise ValueError("send: a name appears twice in one part")
+        entries = []
+        for name, t in tensors:
+            row0, shape = _shard(shards, name, t)
+            rows = P.rows_of(t.shape)[0] if t.dim() else 1
+            base = self.base.get(name)
+            ok = base is not None and base[1] == row0 and base[2].shape == t.shape and base[2].dtype == t.dtype
+            entries.append({"name": name, "dtype": str(t.dtype), "shape": shape, "row0": row0, "rows": rows,
+                            "base_version": base[0] if ok else None, "base_checksum": base[3] if ok else None})
+        self.row0 = {e["name"]: e["row0"] for e in entries}
+        man = {"role": "send", "version": version, "final": final, "delta": self.delta,
+               "bucket_bytes": self.bucket_bytes, "tensors": entries}
+        part = self._run_part(man)
+        if self.keep_base is not None and self.delta:
+            for name, t in tensors:
+                old = self.base.get(name)
+                self.base[name] = (version, self.row0[name], self._keep(t, old[2] if old else None), wire.checksum(t))
+        self.tensors = {}
+        return part
+
+    def _slice(self, t, c):
+        r0 = self.row0[c.name]
+        return _rows(t)[c.g0 - r0:c.g1 - r0]
+
+    def _full(self, c):
+        return self._slice(self.tensors[c.name], c)
+
+    def _payload(self, part, c):
+        target = self._full(c)
+        cs = wire.checksum(target)
+        if not c.delta:
+            return target, FULL, cs
+        base = self._slice(self.base[c.name][2], c).to(target.device, non_blocking=True)
+        stream = wire.delta_codec().encode(base.reshape(-1), target.reshape(-1), max_sms=self.max_sms)
+        if _corrupt is not None:
+            _corrupt(c.name, stream)
+        return stream, DELTA, cs
+
+    def _landing(self, part, c):
+        raise AssertionError("a sender receives no chunks")
+
+
+class Receiver(_Engine):
+    """The inference side: receive(into) takes part in one round.
+
+    into: a dict name -> tensor, updated in place (contiguous tensors; their
+        held versions are remembered per name for deltas), or a callable
+        load_weights(list of (name, tensor)) called once per bucket with the
+        tensors completed in it (vLLM's model.load_weights, verl's loaders).
+        With a callable, keep_base ("cpu" or "device") keeps a copy of each
+        tensor so later rounds can take deltas; with None every round is a
+        full sync and the callable gets fresh tensors.
+    shards (dict mode): name -> (row0, total rows) where into[name] holds
+        only a dim-0 row range of the sender's tensor.
+    """
+    role = "recv"
+
+    def __init__(self, comm, *, keep_base: Optional[str] = None, delta: bool = True,
+                 max_sms: Optional[int] = None):
+        super().__init__(comm, 1, keep_base, delta, max_sms)
+        self.held: dict = {}   # name -> (version, row0, rows)
+        self.base: dict = {}   # callback mode: name -> kept tensor
+
+    def receive(self, into: Union[dict, Callable], *, shards: Optional[dict] = None) -> list:
+        """One round (every part of it); returns its stats (one dict per part)."""
+        self.load = into if callable(into) and not isinstance(into, dict) else None
+        if self.load is None and not isinstance(into, dict):
+            raise TypeError(f"into must be a dict of tensors or a load_weights callable, got {type(into).__name__}")
+        self.into = self.base if self.load else into
+        self.shards = shards or {}
+        wants = "all" if self.load else self._wants(into)
+        start, self._taken = len(self.history), {}
+        try:
+            while True:
+                held = {n: self._held(n) for n in self.base} if self.load else {}
+                man = {"role": "recv", "delta": self.delta and (self.load is None or self.keep_base is not None),
+                       "wants": wants, "held": held}
+                part = self._run_part(man)
+                for name in part.taken.get(self.comm.rank, ()):
+                    self.held[name] = (part.version,)
+                if part.final:
+                    return self.history[start:]
+        except BaseException:
+            self.held.clear()  # what the buffers hold is unknown now: the next round syncs in full
+            raise
+
+    def _wants(self, into):
+        out = {}
+        for name, t in into.items():
+            if not isinstance(t, torch.Tensor) or not t.is_contiguous():
+                raise ValueError(f"into[{name!r}] must be a contiguous tensor")
+            row0, shape = _shard(self.shards, name, t)
+            out[name] = {"dtype": str(t.dtype), "shape": shape, "row0": row0, "rows": P.rows_of(t.shape)[0],
+                         **self._held(name)}
+        return out
+
+    def _held(self, name):
+        h, t = self.held.get(name), self.into.get(name)
+        if h is None or t is None or not self.delta:
+            return {"version": None, "checksum": None}
+        return {"version": h[0], "checksum": wire.checksum(t)}
+
+    def _begin(self, part):
+        if not self.load:
+            return
+        me = self.comm.rank
+        for name in part.taken.get(me, ()):
+            dt, shape = part.meta[name]
+            old = self.base.get(name)
+            if old is None or list(old.shape) != shape or str(old.dtype) != dt:
+                like = torch.empty(shape, dtype=P.dtype_of(dt), device=self.comm.device)
+                self.held.pop(name, None)
+                self.base[name] = (wire.pinned_if_cuda(like) if self.keep_base == "cpu" else like)
+        self.left = {}
+        for c in part.chunks:
+            if c.dst == me:
+                self.left[c.name] = self.left.get(c.name, 0) + 1
+
+    def _dest(self, part, c):
+        t = self.into[c.name]
+        r0 = 0 if self.load else self.shards.get(c.name, (0,))[0]
+        return _rows(t)[c.g0 - r0:c.g1 - r0]
+
+    def _landing(self, part, c):
+        d = self._dest(part, c)
+        if d.device == self.comm.device:
+            return d
+        return torch.empty(d.shape, dtype=d.dtype, device=self.comm.device)
+
+    def _land(self, part, c, buf, head):
+        """Apply or verify one received chunk; '' when it holds the sender's rows, else why not."""
+        kind, _, cs = head
+        d = self._dest(part, c)
+        delta = wire.delta_codec()
+        if kind == DELTA:
+            try:
+                delta.apply(d.reshape(-1), buf.to(d.device), max_sms=self.max_sms)
+            except Exception as e:  # noqa: BLE001 - FormatError / BaseMismatch: a full resend follows
+                return f"{type(e).__name__}: {e}"
+        elif buf.data_ptr() != d.data_ptr():
+            d.copy_(buf)
+        got = wire.checksum(d)
+        return "" if got == cs else f"checksum {got:#x} != sender's {cs:#x}"
+
+    def _landed(self, part, inc):
+        if not self.load:
+            return
+        done = []
+        for c in inc:
+            self.left[c.name] -= 1
+            if not self.left[c.name]:
+                done.append((c.name, self.base[c.name]))
+        if done:
+            self.load(done)
+
+    def _end(self, part):
+        if not self.load:
+            return
+        empty = [(n, self.base[n]) for n in part.taken.get(self.comm.rank, ()) if n not in self.left]
+        if empty:
+            self.load(empty)  # tensors with no rows: nothing moved, still delivered
+        if self.keep_base is None:
+            self.base.clear()  # nothing kept: the next round is a full sync into fresh tensors

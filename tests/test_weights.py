@@ -1,0 +1,112 @@
+"""pz.weights over gloo at 2-4 ranks: one-to-many and sharded many-to-many
+rounds bit-exact, deltas after the first round, version skew and a late
+joiner synced in full with the reason, a corrupted delta repaired in the same
+round, mismatched buffers raising MismatchError on every rank, and a killed
+peer raising PeerError on the survivors within the timeout."""
+import pytest
+
+import comm_harness
+import weights_workers as ww
+
+SEED = 1234
+
+
+def ok(results):
+    bad = {r: v for r, v in results.items() if v[0] != "ok"}
+    assert not bad, "\n".join(f"rank {r}: {s}: {v}" for r, (s, v) in bad.items())
+    return {r: v[1] for r, v in results.items()}
+
+
+def impl(res):
+    kinds = {v[0] for v in res.values()}
+    assert len(kinds) == 1, kinds
+    return kinds.pop()
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_one_to_many_rounds_bit_exact(world):
+    res = ok(comm_harness.run(world, ww.one_to_many, SEED, 3, 1500, deadline=120))
+    impl(res)
+    for r in range(1, world):
+        rounds = res[r][1]
+        assert rounds == res[0][1]  # the same plan and stats on every rank
+        first, later = rounds[0][0], rounds[1:]
+        assert first["delta"] == 0 and first["buckets"] > 1
+        assert {f["reason"] for f in first["fallbacks"]} >= {"first sync"}
+        for (p,) in later:
+            # delta for every coded dtype (bf16, fp16, fp32); int64 travels full, saying why
+            assert p["delta"] > 0 and p["repaired"] == 0
+            assert {f["reason"] for f in p["fallbacks"]} == {"no delta coding for torch.int64"}
+
+
+def test_version_skew_and_late_joiner():
+    res = ok(comm_harness.run(4, ww.skew, SEED, deadline=120))
+    impl(res)
+    r1, r2, r3 = res[1][1], res[2][1], res[3][1]
+    assert sorted(r1) == [0, 1, 2, 3] and sorted(r2) == [0, 2, 3] and sorted(r3) == [2, 3]
+    why = {(f["receiver"], f["name"]): f["reason"] for f in r1[2][0]["fallbacks"]}
+    assert why[(2, "embed")].startswith("missed step: receiver holds version 0, sender's base is 1"), why
+    assert why[(3, "embed")] == "receiver holds no version (late join or restart)", why
+    assert (1, "embed") not in why  # rank 1 took a delta
+    assert all(f["name"] == "ids" for f in r1[3][0]["fallbacks"])  # round 3: every receiver deltas again
+    assert r1[2] == r2[2] == r3[2] and r1[3] == r3[3]
+
+
+@pytest.mark.parametrize("part_bytes", [None, 3000])
+def test_sharded_many_to_many(part_bytes):
+    res = ok(comm_harness.run(4, ww.sharded, SEED, 3, part_bytes, deadline=120))
+    impl(res)
+    assert res[0][1] == res[1][1] == res[2][1] == res[3][1]
+    rounds = res[0][1]
+    if part_bytes:
+        assert all(len(parts) > 1 for parts in rounds)  # streamed in parts
+    assert sum(p["delta"] for p in rounds[0]) == 0
+    for parts in rounds[1:]:
+        assert sum(p["full"] for p in parts) == 0 and sum(p["delta"] for p in parts) > 0
+
+
+@pytest.mark.parametrize("keep_base", [None, "cpu"])
+def test_callback_receiver(keep_base):
+    res = ok(comm_harness.run(2, ww.callback, SEED, 3, keep_base, deadline=120))
+    impl(res)
+    deltas = [d for d, _ in res[1][1]]
+    assert deltas[0] == 0
+    assert all(d > 0 for d in deltas[1:]) if keep_base else all(d == 0 for d in deltas)
+    assert all(calls > 1 for _, calls in res[1][1])  # loaded bucket by bucket
+
+
+def test_corrupted_delta_is_repaired_in_the_same_round():
+    res = ok(comm_harness.run(3, ww.corrupt, SEED, deadline=120))
+    impl(res)
+    for r in (1, 2):
+        (rep0, _, _), (rep1, why1, d1), (rep2, _, d2) = res[r][1]
+        assert rep0 == 0 and rep2 == 0 and d2 > 0
+        assert rep1 == 2 and {w["name"] for w in why1} == {"layer.0.w"}, why1
+        assert all(w["reason"].startswith(("FormatError", "BaseMismatch")) for w in why1), why1
+    assert [x[0] for x in res[0][1]] == [2, 0]
+
+
+@pytest.mark.parametrize("kind,pattern", [
+    ("shape", r"'layer.0.w': rank 0 has torch.bfloat16\[40, 33\] but rank 2's receive buffer is torch.bfloat16\[40, 32\]"),
+    ("dtype", r"'norm': rank 0 has torch.bfloat16\[24\] but rank 1's receive buffer is torch.float16\[24\]"),
+    ("extra_name", r"rank 1 expects weights no sender sent: \['missing'\]"),
+    ("unwanted_name", r"weights sent that no receiver takes: \['layer.1.w'\]"),
+])
+def test_mismatch_raises_on_every_rank(kind, pattern):
+    import re
+
+    res = ok(comm_harness.run(3, ww.mismatch, kind, deadline=90))
+    for r in range(3):
+        name, msg, _ = res[r]
+        assert name == "MismatchError" and re.search(pattern, msg), (r, name, msg)
+
+
+@pytest.mark.parametrize("victim", [0, 2])
+def test_killed_peer_raises_within_timeout(victim):
+    res = comm_harness.run(3, ww.killed, victim, 4.0, deadline=90)
+    for r in range(3):
+        if r == victim:
+            continue
+        assert res[r][0] == "ok", res[r]
+        kind, elapsed, msg = res[r][1]
+        assert kind in ("PeerError", "PeerTimeout") and elapsed < 12, (r, kind, elapsed, msg)

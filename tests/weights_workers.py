@@ -1,0 +1,299 @@
+"""Per-rank bodies of the pz.weights tests (importable by forked ranks).
+
+Every rank rebuilds every tensor of every version from (seed, name, version),
+so each receiver checks its result bit for bit against what it can compute.
+Where this build has no delta codec (portable_zip.delta), a stand-in with the
+same API (fake_delta below) serves, so the delta path runs either way; the
+tests say which one ran."""
+import hashlib
+import os
+import struct
+import time
+import types
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+import portable_zip as pz
+from portable_zip.comm.errors import MismatchError
+from portable_zip.weights import engine, wire
+from conftest import same_bits as same
+
+SHAPES = {"embed": (50, 24), "layer.0.w": (40, 33), "layer.0.b": (33,), "layer.1.w": (37, 40),
+          "norm": (24,), "step": (), "ids": (7, 3), "empty": (0, 5)}
+DTYPES = {"embed": torch.bfloat16, "layer.0.w": torch.bfloat16, "layer.0.b": torch.float32,
+          "layer.1.w": torch.float16, "norm": torch.bfloat16, "step": torch.float32, "ids": torch.int64,
+          "empty": torch.bfloat16}
+
+
+def weight(seed, name, version, shape=None, dtype=None):
+    """Version `version` of a weight: a base plus small steps that change a
+    few percent of the 16-bit values each version (like AdamW at a low lr)."""
+    shape, dtype = shape or SHAPES[name], dtype or DTYPES[name]
+    rng = np.random.default_rng([seed, sum(map(ord, name))])
+    n = int(np.prod(shape))
+    if dtype == torch.int64:
+        return torch.from_numpy(rng.integers(0, 1000, n) + version).reshape(shape)
+    v = rng.standard_normal(n).astype(np.float32) * 0.05
+    for k in range(1, version + 1):
+        step = np.random.default_rng([seed, sum(map(ord, name)), k]).standard_normal(n).astype(np.float32)
+        v = v + step * 2e-5
+    return torch.from_numpy(v).reshape(shape).to(dtype)
+
+
+def model(seed, version, names=None):
+    return {n: weight(seed, n, version) for n in (names or SHAPES)}
+
+
+def check(cond, msg):
+    if not cond:
+        raise AssertionError(msg)
+
+
+def check_model(into, seed, version, rows=None):
+    """into[name] is version `version` (or its rows [a, b) where rows says)."""
+    for n, t in into.items():
+        want = weight(seed, n, version)
+        if rows and n in rows:
+            want = want[rows[n][0]:rows[n][1]]
+        check(same(t, want), f"{n} differs from version {version}")
+
+
+class _FakeBaseMismatch(MismatchError):
+    pass
+
+
+def _digest(b: bytes) -> int:
+    return struct.unpack("<q", hashlib.blake2b(b, digest_size=8).digest())[0]
+
+
+def _fake_checksum(t):
+    return _digest(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+
+
+def _fake_encode(base, target, *, threads=None, max_sms=None):
+    """positions (int64) + new values, with both checksums: the real codec's contract, not its format."""
+    b, t = base.reshape(-1).view(torch.uint8), target.reshape(-1).view(torch.uint8)
+    w = target.element_size()
+    pos = torch.nonzero((b.view(-1, w) != t.view(-1, w)).any(1)).reshape(-1) if w else b[:0].long()
+    vals = target.reshape(-1)[pos].contiguous().view(torch.uint8)
+    head = struct.pack("<8sqqq", b"PZFAKEDL", _fake_checksum(base), _fake_checksum(target), pos.numel())
+    return torch.cat([torch.frombuffer(bytearray(head), dtype=torch.uint8), pos.view(torch.uint8), vals])
+
+
+def _fake_apply(base, stream, *, threads=None, max_sms=None):
+    raw = stream.cpu().numpy().tobytes()
+    if len(raw) < 32 or raw[:8] != b"PZFAKEDL":
+        raise pz.FormatError("fake delta: bad magic")
+    _, bcs, tcs, n = struct.unpack("<8sqqq", raw[:32])
+    w = base.element_size()
+    if len(raw) != 32 + n * (8 + w):
+        raise pz.FormatError("fake delta: bad length")
+    if _fake_checksum(base) != bcs:
+        raise _FakeBaseMismatch("fake delta: base is not the stream's base")
+    pos = torch.frombuffer(bytearray(raw[32:32 + 8 * n]), dtype=torch.int64)
+    if n and (pos.min() < 0 or pos.max() >= base.numel()):
+        raise pz.FormatError("fake delta: position out of range")
+    vals = torch.frombuffer(bytearray(raw[32 + 8 * n:]), dtype=torch.uint8).view(base.dtype)
+    base.reshape(-1)[pos.to(base.device)] = vals.to(base.device)
+    if _fake_checksum(base) != tcs:
+        raise pz.FormatError("fake delta: rebuilt tensor fails its checksum")
+
+
+fake_delta = types.SimpleNamespace(checksum=_fake_checksum, encode=_fake_encode, apply=_fake_apply,
+                                   BaseMismatch=_FakeBaseMismatch)
+
+
+def use_delta():
+    """The real delta codec when this build has it, else the stand-in; returns which."""
+    if wire.delta_codec() is not None and hasattr(pz._C, "delta_checksum_cpu"):
+        return "real"
+    wire.delta_codec = lambda: fake_delta
+    return "fake"
+
+
+def comm_of(ranks, timeout=30.0):
+    """A Communicator over `ranks` (every rank must call new_group; only members construct)."""
+    g = dist.new_group(ranks)
+    return pz.Communicator(group=g, compress="always", timeout=timeout) if dist.get_rank() in ranks else None
+
+
+def one_to_many(rank, world, seed, rounds, bucket_bytes):
+    """Rank 0 sends, the others receive into dicts, `rounds` versions."""
+    impl = use_delta()
+    comm = pz.Communicator(compress="always", timeout=30)
+    if rank == 0:
+        s = engine.Sender(comm, bucket_bytes=bucket_bytes, keep_base="cpu")
+        stats = [s.send(model(seed, v).items(), v) for v in range(rounds)]
+    else:
+        r = engine.Receiver(comm)
+        into = {n: torch.zeros(SHAPES[n], dtype=DTYPES[n]) for n in SHAPES}
+        stats = []
+        for v in range(rounds):
+            stats.append(r.receive(into))
+            check_model(into, seed, v)
+    return impl, [[{k: p[k] for k in ("delta", "full", "repaired", "fallbacks", "buckets")} for p in st]
+                  for st in stats]
+
+
+def skew(rank, world, seed):
+    """World 4. Round 0 over {0,1,2}; round 1 over {0,1} (rank 2 misses it);
+    rounds 2 and 3 over {0,1,2,3} (rank 3 joins late)."""
+    impl = use_delta()
+    groups = [[0, 1, 2], [0, 1], [0, 1, 2, 3], [0, 1, 2, 3]]
+    comms = [comm_of(g) for g in groups]  # every rank calls new_group in the same order
+    eng = into = None
+    stats = {}
+    for v, (g, comm) in enumerate(zip(groups, comms)):
+        if rank not in g:
+            continue
+        if eng is None:
+            eng = engine.Sender(comm, bucket_bytes=1 << 20) if rank == 0 else engine.Receiver(comm)
+            into = {n: torch.zeros(SHAPES[n], dtype=DTYPES[n]) for n in SHAPES}
+        eng.comm = comm
+        if rank == 0:
+            st = eng.send(model(seed, v), v)
+        else:
+            st = eng.receive(into)
+            check_model(into, seed, v)
+        stats[v] = [{k: p[k] for k in ("delta", "full", "fallbacks")} for p in st]
+    return impl, stats
+
+
+def sharded(rank, world, seed, rounds, part_bytes):
+    """World 4: ranks 0 and 1 each hold half the rows of every 2-D weight (and
+    both hold the 1-D ones: replicas); rank 2 wants rows [0, 3/4) and rank 3
+    rows [1/4, end) of every 2-D weight, and the whole 1-D ones. Deltas after
+    the first round; sends in parts of part_bytes."""
+    impl = use_delta()
+    comm = pz.Communicator(compress="always", timeout=30)
+    names = ["embed", "layer.0.w", "layer.0.b", "layer.1.w", "norm"]
+    two_d = [n for n in names if len(SHAPES[n]) == 2]
+    stats = []
+    if rank < 2:
+        s = engine.Sender(comm, bucket_bytes=700, part_bytes=part_bytes)
+        for v in range(rounds):
+            full = model(seed, v, names)
+            mine, shards = {}, {}
+            for n, t in full.items():
+                if n in two_d:
+                    h = t.shape[0] // 2
+                    a, b = (0, h) if rank == 0 else (h, t.shape[0])
+                    mine[n], shards[n] = t[a:b].clone(), (a, t.shape[0])
+                else:
+                    mine[n] = t
+            stats.append(s.send(((n, t) for n, t in mine.items()), v, shards=shards))
+    else:
+        r = engine.Receiver(comm)
+        rows = {n: ((0, SHAPES[n][0] * 3 // 4) if rank == 2 else (SHAPES[n][0] // 4, SHAPES[n][0])) for n in two_d}
+        into = {n: torch.zeros((rows[n][1] - rows[n][0], *SHAPES[n][1:]) if n in rows else SHAPES[n],
+                               dtype=DTYPES[n]) for n in names}
+        shards = {n: (rows[n][0], SHAPES[n][0]) for n in rows}
+        for v in range(rounds):
+            stats.append(r.receive(into, shards=shards))
+            check_model(into, seed, v, rows)
+    return impl, [[{k: p[k] for k in ("delta", "full", "chunks")} for p in st] for st in stats]
+
+
+def callback(rank, world, seed, rounds, keep_base):
+    """Rank 0 sends; rank 1 receives through a load_weights callable (vLLM style)."""
+    impl = use_delta()
+    comm = pz.Communicator(compress="always", timeout=30)
+    if rank == 0:
+        s = engine.Sender(comm, bucket_bytes=2000)
+        return impl, [s.send(model(seed, v), v)[0]["delta"] for v in range(rounds)]
+    r = engine.Receiver(comm, keep_base=keep_base)
+    out = []
+    for v in range(rounds):
+        loaded, calls = {}, []
+
+        def load_weights(pairs):
+            calls.append([n for n, _ in pairs])
+            for n, t in pairs:
+                check(n not in loaded, f"{n} loaded twice")
+                loaded[n] = t.clone()
+
+        st = r.receive(load_weights)
+        check(sorted(loaded) == sorted(SHAPES), f"loaded {sorted(loaded)}")
+        check_model(loaded, seed, v)
+        out.append((st[0]["delta"], len(calls)))
+    return impl, out
+
+
+def corrupt(rank, world, seed):
+    """Round 1's delta of layer.0.w has a flipped byte: the receivers repair it
+    with a full resend in the same round and end bit-exact."""
+    impl = use_delta()
+    comm = pz.Communicator(compress="always", timeout=30)
+    if rank == 0:
+        s = engine.Sender(comm)
+        s.send(model(seed, 0), 0)
+
+        def flip(name, stream):
+            if name == "layer.0.w":
+                stream[stream.numel() // 2] ^= 0x5A
+                stream[-1] ^= 0x01
+
+        engine._corrupt = flip
+        st = s.send(model(seed, 1), 1)
+        engine._corrupt = None
+        st += s.send(model(seed, 2), 2)
+        return impl, [(p["repaired"], p["repairs"]) for p in st]
+    r = engine.Receiver(comm)
+    into = {n: torch.zeros(SHAPES[n], dtype=DTYPES[n]) for n in SHAPES}
+    out = []
+    for v in range(3):
+        st = r.receive(into)
+        check_model(into, seed, v)
+        out.append((st[0]["repaired"], st[0]["repairs"], st[0]["delta"]))
+    return impl, out
+
+
+def mismatch(rank, world, kind):
+    """Receivers whose buffers disagree with what rank 0 sends: MismatchError on every rank."""
+    comm = pz.Communicator(compress="always", timeout=20)
+    seed = 5
+    t0 = time.monotonic()
+    try:
+        if rank == 0:
+            engine.Sender(comm).send(model(seed, 0), 0)
+        else:
+            into = {n: torch.zeros(SHAPES[n], dtype=DTYPES[n]) for n in SHAPES}
+            if kind == "shape" and rank == world - 1:
+                into["layer.0.w"] = torch.zeros(40, 32, dtype=torch.bfloat16)
+            elif kind == "dtype":
+                into["norm"] = torch.zeros(24, dtype=torch.float16)
+            elif kind == "extra_name":
+                into["missing"] = torch.zeros(3)
+            elif kind == "unwanted_name":
+                del into["layer.1.w"]
+            engine.Receiver(comm).receive(into)
+    except MismatchError as e:
+        return type(e).__name__, str(e), time.monotonic() - t0
+    return "returned", "", time.monotonic() - t0
+
+
+def killed(rank, world, victim, timeout):
+    """Rank `victim` dies in round 1 (after its manifest swap); the others raise within the timeout."""
+    use_delta()
+    comm = pz.Communicator(compress="always", timeout=timeout)
+    seed = 9
+    big = {"w": torch.randn(256, 1024).to(torch.bfloat16)}
+    eng = engine.Sender(comm, bucket_bytes=64 << 10) if rank == 0 else engine.Receiver(comm)
+    into = {"w": torch.zeros(256, 1024, dtype=torch.bfloat16)}
+    eng.send(big, 0) if rank == 0 else eng.receive(into)
+    if rank == victim:
+        real = engine._Engine._bucket
+
+        def die(self, *a, **k):
+            os._exit(0)
+
+        engine._Engine._bucket = die
+        del real
+    t0 = time.monotonic()
+    try:
+        eng.send({"w": big["w"] + 1}, 1) if rank == 0 else eng.receive(into)
+    except pz.PeerError as e:
+        return type(e).__name__, time.monotonic() - t0, str(e)[:300]
+    return "returned", time.monotonic() - t0, ""
