@@ -29,18 +29,24 @@ from test_fabric_kills import TCP, Runner  # noqa: E402
 
 OPS = ("all_reduce", "send", "recv")  # what the survivor does (its peer the other side)
 MODES = ("never", "always")           # raw, compressed
+WHENS = ("before", "end", "mid")       # the kill: before traffic, around one op's end, mid-traffic
 
 
-def plan(n: int, rng: random.Random, op_s: dict, only: tuple = ()) -> list:
-    """n jobs: a tenth killed before any fabric traffic, the rest at delays
-    spread over 0.8 of each op's measured duration (op_s): kills land at its
-    start, middle and end (a loaded host's op may still finish first)."""
+def plan(n: int, rng: random.Random, op_s: dict, only: tuple = (), whens: tuple = WHENS) -> list:
+    """n jobs: a tenth killed before any fabric traffic, three tenths around
+    the end of one op (0.7-1.6 of its measured duration, op_s: as the survivor
+    finishes, closes its Communicator, or has closed it), the rest while the
+    op repeats (a kill mid-traffic on any host)."""
     jobs = []
     pairs = [(op, mode) for mode in MODES for op in OPS if not only or f"{op}:{mode}" in only]
+    kinds = [w for w in ["before"] + ["end"] * 3 + ["mid"] * 6 if w in whens]
     for i in range(n):
         op, mode = pairs[i % len(pairs)]
-        if i % 10 == 9:
+        when = kinds[(i // len(pairs)) % len(kinds)]
+        if when == "before":
             jobs.append((op, mode, "before", 0.0))
+        elif when == "end":
+            jobs.append((op, mode, "end", round(rng.uniform(0.7, 1.6) * op_s[op, mode], 3)))
         else:
             jobs.append((op, mode, "mid", round(rng.uniform(0.02, 0.8 * op_s[op, mode]), 3)))
     rng.shuffle(jobs)
@@ -52,7 +58,7 @@ def durations(runner: Runner) -> dict:
     out = {}
     for op in OPS:
         for mode in MODES:
-            r = runner.run(op, mode, "mid", 600.0, timeout=60.0)
+            r = runner.run(op, mode, "mid", 600.0, timeout=60.0, reps=1)
             if r["outcome"] != "completed":
                 raise RuntimeError(f"an unkilled {op} {mode} did not complete: {r}")
             out[op, mode] = r["elapsed"]
@@ -88,7 +94,7 @@ def summary(results: list) -> dict:
             "raised_kinds": dict(collections.Counter(r["kind"] for r in raised)),
             "by_scenario": {f"{op} {mode} {when}": dict(collections.Counter(
                 r["outcome"] for r in rs if (r["op"], r["mode"], r["when"]) == (op, mode, when)))
-                for op in OPS for mode in MODES for when in ("before", "mid")},
+                for op in OPS for mode in MODES for when in WHENS},
             "raise_s": {"min": min((r["elapsed"] for r in raised), default=None),
                         "median": sorted(r["elapsed"] for r in raised)[len(raised) // 2] if raised else None,
                         "max": max((r["elapsed"] for r in raised), default=None)},
@@ -107,6 +113,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--cores", action="store_true", help="dump a crashed survivor's core and keep gdb's backtrace")
     ap.add_argument("--only", default="", help="op:mode pairs to run, comma-separated (e.g. recv:never); all if empty")
+    ap.add_argument("--when", default=",".join(WHENS), help="kill times to run, comma-separated (before,end,mid)")
     ap.add_argument("--out", default="", help="write the record here (JSON)")
     ARGS = ap.parse_args()
     seed = ARGS.seed if ARGS.seed is not None else random.randrange(2**31)
@@ -116,7 +123,8 @@ def main() -> None:
     op_s = durations(runner)
     print("unkilled op seconds:", {f"{k[0]} {k[1]}": round(v, 3) for k, v in op_s.items()}, flush=True)
     meta = {"seed": seed, "op_s": op_s, "t0": t0, "libfabric": libfabric_version()}
-    loop(runner, plan(ARGS.runs, rng, op_s, tuple(filter(None, ARGS.only.split(",")))), "release", results)
+    only, whens = tuple(filter(None, ARGS.only.split(","))), tuple(ARGS.when.split(","))
+    loop(runner, plan(ARGS.runs, rng, op_s, only, whens), "release", results)
     runner.close()
     save(results, meta)  # the release runs' record stands even if the ASan phase fails
     if ARGS.asan_runs:
@@ -125,15 +133,23 @@ def main() -> None:
         env = {"LD_PRELOAD": libasan, "ASAN_OPTIONS": "detect_leaks=0:handle_segv=1:abort_on_error=1",
                "PYTHONPATH": os.path.abspath(ARGS.asan_dir)}
         runner = Runner(mib=ARGS.mib, env=env)
-        loop(runner, plan(ARGS.asan_runs, rng, {k: v * 1.5 for k, v in op_s.items()}, tuple(filter(None, ARGS.only.split(",")))), "asan", results)
+        loop(runner, plan(ARGS.asan_runs, rng, {k: v * 1.5 for k, v in op_s.items()}, only, whens), "asan", results)
         runner.close()
         save(results, meta)
+
+
+def _commit() -> str:
+    """The source tree's commit (the installed build should be of it), "+dirty" with local changes."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    run = lambda *a: subprocess.run(["git", "-C", here, *a], capture_output=True, text=True).stdout.strip()  # noqa: E731
+    return run("rev-parse", "--short", "HEAD") + ("+dirty" if run("status", "--porcelain", "--untracked-files=no") else "")
 
 
 def save(results: list, meta: dict) -> None:
     record = {
         "what": "a peer SIGKILLed before or during a fabric op (2 CPU ranks on loopback); the survivor's outcome",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "commit": _commit(),
         "machine": {"host": platform.node(), "cpus": os.cpu_count(), "cpu": platform.processor() or platform.machine(),
                     "kernel": platform.release()},
         "libfabric": meta["libfabric"], "provider": TCP["PZ_FABRIC_PROVIDER"],

@@ -38,7 +38,7 @@ def _worker(a: dict, rank: int, base) -> dict:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{a['port']}", rank=rank, world_size=2)
     comm = pz.Communicator(compress=a["mode"], transport="fabric", timeout=60)  # setup on a loaded host
     t = base.clone()
-    if a["when"] == "mid":  # connections up, a first op done: the kill lands on a warm engine
+    if a["when"] != "before":  # connections up, a first op done: the kill lands on a warm engine
         comm.all_reduce(t[: 1 << 16])
     comm.timeout = a["timeout"]  # the killed op's
     dist.barrier()
@@ -51,7 +51,7 @@ def _worker(a: dict, rank: int, base) -> dict:
         op = a["op"] if rank == 0 else {"send": "recv", "recv": "send"}.get(a["op"], a["op"])
         # A kill `delay` into traffic: the op repeats, so on a fast host too
         # it is still moving bytes when the kill lands.
-        for _ in range(400 if a["when"] == "mid" else 1):
+        for _ in range(a.get("reps") or (400 if a["when"] == "mid" else 1)):
             if op == "all_reduce":
                 comm.all_reduce(t)
             elif op == "send":
@@ -95,6 +95,9 @@ def _fork_rank(a: dict, rank: int, base, core_dir: str, out_fd: int) -> int:
             os.write(out_fd, json.dumps(out).encode())
     except BaseException as e:  # noqa: BLE001 - reported as the run's failure
         os.write(2, f"{type(e).__name__}: {e}\n".encode())
+        os._exit(1)
+    if rank == 0:  # the survivor leaves as a program does: Python's finalization, then libc's exit and
+        sys.exit(0)  # the libraries' destructors (libfabric's among them) over what the failure left open
     os._exit(0)
 
 
@@ -163,8 +166,9 @@ class Runner:
             raise RuntimeError(f"the kill-run server did not start (rc {self.p.wait()})")
 
     def run(self, op: str, mode: str, when: str, delay: float = 0.0, timeout: float = 3.0,
-            cores: bool = False) -> dict:
-        job = {"op": op, "mode": mode, "when": when, "delay": delay, "timeout": timeout, "cores": cores}
+            cores: bool = False, reps: int = 0) -> dict:
+        """reps: how often the op repeats (0: 400 times for a kill mid-traffic, else once)."""
+        job = {"op": op, "mode": mode, "when": when, "delay": delay, "timeout": timeout, "cores": cores, "reps": reps}
         self.p.stdin.write(json.dumps(job) + "\n")
         self.p.stdin.flush()
         line = self.p.stdout.readline()

@@ -832,15 +832,19 @@ void Engine::stop_pumps() {
 
 void Engine::teardown() {
   stop_pumps();
-  // After rxm tore a connection down under transfers in flight, closing its
-  // endpoint crashes inside rxm too (its close flushes completions that name
-  // the closed connection): such endpoints (and their queues, vectors,
-  // domains) are left open, and since rxm moves data only inside our calls
-  // (manual progress), none moves any more. A leak per failed engine.
-  bool keep;
+  // Closing an endpoint whose peer died with transfers in flight crashes
+  // inside rxm (its close flushes completions that name the dead
+  // connection; seen with the peer's death noticed first by the watch, the
+  // connection not yet torn, and with it torn). So after any failure, a torn
+  // connection, a peer gone, or transfers still posted, the endpoints (and
+  // their queues, vectors, domains) are left open: rxm moves data only
+  // inside our calls (manual progress), so none moves any more. A leak per
+  // failed engine; a clean close closes everything.
+  bool keep = torn_.load() || wire_failed_.load() || gone_.load() >= 0;
+  for (const auto& r : rails_) keep = keep || r.outstanding.load() > 0;
   {
     std::lock_guard<std::mutex> g(mu_);
-    keep = torn_.load() && !error_.empty();
+    keep = keep || !error_.empty();
   }
   for (auto& r : rails_) {  // no posted operation outlives this: the provider cancels them
     if (r.ep && !keep) fi_close(&r.ep->fid);
