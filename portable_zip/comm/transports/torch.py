@@ -180,12 +180,15 @@ class TorchDistTransport(Transport):
             watch.check(self.name)
 
     def _wait_aside(self, works, deadline: Deadline, watch) -> None:
-        """gloo send/recv works: waited once, by the waiter thread, while this one reads the watch."""
+        """gloo works whose wait runs once (send/recv) or ignores its timeout
+        (reduce_scatter): waited by the waiter thread while this one reads
+        the watch (if any) and the deadline."""
         if self._waiter is None:
             self._waiter = _Waiter()
         done, box = self._waiter.submit(lambda: self._wait(works, deadline, None))
         while not done.wait(SLICE_S):
-            watch.check(self.name)
+            if watch is not None:
+                watch.check(self.name)
             if time.monotonic() > deadline.at + 1.0:  # the waiter's own wait ends at the deadline
                 raise PeerTimeout(f"{self.name}: a peer did not answer within {deadline.timeout:g} s")
         if box:
@@ -216,25 +219,15 @@ class TorchDistTransport(Transport):
 
     def wait_detached(self, works: List[object], deadline: Deadline) -> None:
         """wait() for works whose own wait ignores its timeout (gloo's
-        reduce_scatter blocks until the peer answers or dies): a helper thread
-        waits, this one gives up at the deadline. The group is unusable after
-        a timeout anyway, so the stuck helper is left to torch's own timeout."""
+        reduce_scatter blocks until the peer answers or dies): the waiter
+        thread waits, this one gives up after the deadline. The group is
+        unusable after a timeout anyway, so the stuck waiter is left to
+        torch's own timeout."""
+        watch = self.watch
         if not self._gloo:
             return self.wait(works, deadline)
-        done, box = threading.Event(), []
-
-        def run():
-            try:
-                self.wait(works, deadline)
-            except BaseException as e:  # noqa: BLE001 - re-raised on the caller's thread
-                box.append(e)
-            done.set()
-
-        threading.Thread(target=run, name="pz-wait", daemon=True).start()
-        while not done.wait(min(SLICE_S, deadline.left()) if self.watch is not None else deadline.left()):
-            if self.watch is not None:
-                self.watch.check(self.name)
-            if time.monotonic() >= deadline.at:
-                raise PeerTimeout(f"{self.name}: a peer did not answer within {deadline.timeout:g} s")
-        if box:
-            raise box[0]
+        if watch is None:
+            return self._wait_aside(works, deadline, None)
+        watch.check(self.name)
+        with watch.waiting_on(self._others):
+            self._wait_aside(works, deadline, watch)
