@@ -110,3 +110,16 @@ def test_killed_peer_raises_within_timeout(victim):
         assert res[r][0] == "ok", res[r]
         kind, elapsed, msg = res[r][1]
         assert kind in ("PeerError", "PeerTimeout") and elapsed < 12, (r, kind, elapsed, msg)
+
+
+@pytest.mark.parametrize("keep_base", ["cpu", None])
+def test_vllm_engine_through_the_stand_in(keep_base):
+    """The vLLM adapter end to end against tests/fake_vllm.py (vLLM has no CPU wheel)."""
+    res = ok(comm_harness.run(3, ww.vllm_e2e, SEED, 3, keep_base, deadline=120))
+    impl(res)
+    deltas = res[0][1]
+    assert deltas[0] == 0 and (all(d > 0 for d in deltas[1:]) if keep_base else not any(deltas))
+    for r in (1, 2):
+        loads, reloads = res[r][1]
+        assert len(loads) == 3 and all(n > 1 for n in loads)  # load_weights once per bucket, not once per round
+        assert reloads == ["start", "finish"] * 3

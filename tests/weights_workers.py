@@ -297,3 +297,81 @@ def killed(rank, world, victim, timeout):
     except pz.PeerError as e:
         return type(e).__name__, time.monotonic() - t0, str(e)[:300]
     return "returned", time.monotonic() - t0, ""
+
+
+class RpcClient:
+    """vLLM's 4-method client protocol, its calls carried to the worker ranks
+    over the test's own torch.distributed world (as Ray or HTTP would): each
+    call blocks until every worker is done and raises a worker's error."""
+
+    def _call(self, method, *args):
+        dist.broadcast_object_list([(method, args)], src=0)
+        errors = [None] * dist.get_world_size()
+        dist.gather_object(None, errors, dst=0)
+        bad = [e for e in errors[1:] if e]
+        if bad:
+            raise RuntimeError(f"{method} failed on a worker: {bad[0]}")
+
+    def init_weight_transfer_engine(self, init_info):
+        self._call("init_weight_transfer_engine", init_info)
+
+    def start_weight_update(self):
+        self._call("start_weight_update")
+
+    def update_weights(self, update_info):
+        self._call("update_weights", update_info)
+
+    def finish_weight_update(self, weight_version=None):
+        self._call("finish_weight_update")
+
+    def stop(self):
+        self._call("shutdown_weight_transfer_engine")
+
+
+def vllm_e2e(rank, world, seed, rounds, keep_base):
+    """Rank 0 is the trainer (pz.weights.vllm.Trainer over RpcClient); the
+    others are vLLM workers (fake_vllm.Worker, TP rank = rank - 1) whose
+    engine the factory builds by the registered name."""
+    import fake_vllm
+    import portable_zip.weights.vllm as pzv
+
+    impl = use_delta()
+    fake_vllm.install()
+    pzv.register()
+    pzv.register()  # a plugin may run twice: no error
+    try:
+        fake_vllm.WeightTransferEngineFactory.register_engine(pzv.BACKEND, object)
+        raise AssertionError("the factory accepted a duplicate name")
+    except ValueError:
+        pass
+    if rank == 0:
+        client = RpcClient()
+        trainer = pzv.Trainer(client, world_size=world, master_address="127.0.0.1", timeout=30, keep_base=keep_base,
+                              compress="always", bucket_bytes=2000)
+        deltas = [sum(p["delta"] for p in trainer.send_weights(model(seed, v).items(), v)) for v in range(rounds)]
+        client.stop()
+        trainer.shutdown()
+        return impl, deltas
+    worker = fake_vllm.Worker(pzv.BACKEND, rank - 1, world - 1)
+    version, seen = None, []
+    while True:
+        box = [None]
+        dist.broadcast_object_list(box, src=0)
+        method, args = box[0]
+        error = None
+        try:
+            if method == "update_weights":
+                version = args[0]["version"]
+                worker.model.calls.clear()
+            getattr(worker, method)(*args)
+            if method == "finish_weight_update":
+                check_model(worker.model.weights, seed, version)
+                check(sorted(worker.model.weights) == sorted(SHAPES), "names")
+                seen.append(len(worker.model.calls))
+        except Exception as e:  # noqa: BLE001 - reported to the trainer like an RPC error
+            error = f"{type(e).__name__}: {e}"
+        dist.gather_object(error, None, dst=0)
+        if error:
+            raise RuntimeError(error)
+        if method == "shutdown_weight_transfer_engine":
+            return impl, (seen, list(fake_vllm.RELOADS))
