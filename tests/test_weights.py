@@ -123,3 +123,13 @@ def test_vllm_engine_through_the_stand_in(keep_base):
         loads, reloads = res[r][1]
         assert len(loads) == 3 and all(n > 1 for n in loads)  # load_weights once per bucket, not once per round
         assert reloads == ["start", "finish"] * 3
+
+
+@pytest.mark.parametrize("keep_base", ["cpu", None])
+def test_verl_engine_through_the_stand_in(keep_base):
+    """The verl adapter end to end against tests/fake_verl.py (verl's import needs ray, fastapi, torch pins)."""
+    res = ok(comm_harness.run(4, ww.verl_e2e, SEED, 3, keep_base, deadline=120))
+    impl(res)
+    sent = res[0][1]
+    assert sent[0] == 0 and (all(d > 0 for d in sent[1:]) if keep_base else not any(sent))
+    assert res[1][1] == [-1.0] * 3  # the second actor rank drained and sent nothing

@@ -375,3 +375,60 @@ def vllm_e2e(rank, world, seed, rounds, keep_base):
             raise RuntimeError(error)
         if method == "shutdown_weight_transfer_engine":
             return impl, (seen, list(fake_vllm.RELOADS))
+
+
+def verl_e2e(rank, world, seed, steps, keep_base):
+    """Ranks 0-1 are actor workers (rank 0 the master), 2-3 rollout workers;
+    each step runs the CheckpointEngineManager's order (fake_verl) with the
+    test's torch.distributed world standing in for Ray."""
+    import asyncio
+
+    import fake_verl
+
+    impl = use_delta()
+    fake_verl.install()
+    import portable_zip.weights.verl as pzverl  # registers on import where verl.checkpoint_engine.base imports
+
+    reg = fake_verl.CheckpointEngineRegistry
+    check(reg.get("portable_zip") is pzverl.engine_class(), "registered on import")
+    pzverl.register()  # again: no error
+    actors, rollouts = 2, world - 2
+    actor = rank < actors
+    kw = {"bucket_size": 3000, "keep_base": keep_base, "compress": "always", "timeout": 30}
+    eng = reg.new("portable_zip", is_master=rank == 0, **kw) if actor else reg.new("portable_zip", **kw)
+    out = []
+    for step in range(steps):
+        metas = [None] * world
+        dist.all_gather_object(metas, eng.prepare())  # actors first: metadata[0] is actor rank 0
+        actor_kw, rollout_kw = type(eng).build_topology(actors, rollouts, metas)
+        check(all(len(v) == actors for v in actor_kw.values()) and all(len(v) == rollouts for v in rollout_kw.values()),
+              "topology lists")
+        mine, i = (actor_kw, rank) if actor else (rollout_kw, rank - actors)
+        eng.init_process_group(**{k: v[i] for k, v in mine.items()})
+        if actor:
+            drained = []
+
+            def gen():
+                for n, t in model(seed, step).items():
+                    drained.append(n)
+                    yield n, t
+
+            metrics = asyncio.run(eng.send_weights(gen(), global_steps=step))
+            check(drained == list(SHAPES), f"actor {rank} drained {drained}")
+            out.append(metrics.get("pz/delta_chunks", -1.0))
+        else:
+            weights = eng.receive_weights(global_steps=step)  # not awaited, as verl calls it
+
+            async def consume():
+                got = {}
+                async for n, t in fake_verl.ensure_async_iterator(weights):
+                    got[n] = t.clone()  # consumed before the next item, as verl's loaders do
+                return got
+
+            got = asyncio.run(consume())
+            check_model(got, seed, step)
+            check(sorted(got) == sorted(SHAPES), "names")
+            out.append(sum(p["delta"] for p in eng.stats()[-3:]))
+        eng.finalize()
+        dist.barrier()
+    return impl, out
