@@ -9,6 +9,7 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -17,6 +18,7 @@
 #include "kernels/launch.h"
 #include "portable_zip/block.h"
 #include "portable_zip/cpu_simd.h"
+#include "portable_zip/delta_gpu.h"
 #if defined(PZ_WITH_FABRIC)
 #include "transport/engine.h"
 #endif
@@ -200,6 +202,61 @@ NB_MODULE(_C, m) {
     if (err) throw FormatError(decode_error_text(err));
   });
 
+  // Weight deltas (delta.h). Pointers come from tensors delta.py checked.
+  m.def("delta_checksum_cpu", [](uintptr_t p, uint64_t nbytes, int threads) {
+    nb::gil_scoped_release release;
+    return cpu_delta_checksum(ptr<const uint8_t>(p), nbytes, threads);
+  });
+  m.def("delta_max_size", [](int dtype, uint64_t numel) {
+    if (dtype <= 0 || dtype >= static_cast<int>(fmt::DType::Count) ||
+        !delta::width_bits(static_cast<fmt::DType>(dtype)))
+      throw std::invalid_argument("delta: dtype is not one deltas code");
+    if (numel > fmt::kMaxNumel) throw std::overflow_error("delta: at most 2^48 elements");
+    return delta::max_stream_bytes(static_cast<fmt::DType>(dtype), numel);
+  });
+  // The stream as a torch tensor owning its malloc'd buffer (no copy).
+  m.def("delta_encode_cpu", [](uintptr_t base, uintptr_t target, int dtype, uint64_t numel, int threads) {
+    uint64_t total = 0;
+    uint8_t* p;
+    {
+      nb::gil_scoped_release release;
+      p = cpu_delta_encode(ptr<const uint8_t>(base), ptr<const uint8_t>(target), static_cast<fmt::DType>(dtype), numel,
+                           threads, &total);
+    }
+    if (!p) throw std::runtime_error(last_error_message());
+    nb::capsule owner(p, [](void* q) noexcept { std::free(q); });
+    return nb::ndarray<nb::pytorch, uint8_t, nb::ndim<1>, nb::c_contig>(p, {static_cast<size_t>(total)}, owner);
+  });
+  // 0 when rebuilt and verified, else a delta::Error code (delta_error_text).
+  m.def("delta_apply_cpu", [](uintptr_t base, int dtype, uint64_t numel, uintptr_t stream, uint64_t len, int threads) {
+    nb::gil_scoped_release release;
+    return cpu_delta_apply(ptr<uint8_t>(base), static_cast<fmt::DType>(dtype), numel, ptr<const uint8_t>(stream), len,
+                           threads);
+  });
+  m.def("delta_error_text", [](uint32_t e) { return std::string(delta::error_text(static_cast<delta::Error>(e))); });
+  m.def("delta_parse_header", [](nb::bytes head, uint64_t stream_len) {
+    delta::Header h;
+    const delta::Error e = delta::parse_header(static_cast<const uint8_t*>(head.data()), head.size(), stream_len, &h);
+    if (e != delta::Error::Ok) throw FormatError(delta::error_text(e));
+    nb::dict d;
+    d["version"] = h.version;
+    d["dtype"] = static_cast<int>(h.dtype);
+    d["block_log2"] = h.block_log2;
+    d["total_bytes"] = h.total_bytes;
+    d["numel"] = h.numel;
+    d["changed"] = h.changed;
+    d["base_checksum"] = h.base_sum;
+    d["target_checksum"] = h.target_sum;
+    d["payload_bytes"] = h.payload_bytes;
+    return d;
+  });
+  m.attr("delta_header_bytes") = delta::kHeaderBytes;
+  m.attr("delta_block_log2") = delta::kBlockLog2;
+  m.attr("delta_error_base_mismatch") = static_cast<int>(delta::Error::BaseMismatch);
+  m.attr("delta_error_mismatch") = static_cast<int>(delta::Error::Mismatch);
+  m.attr("delta_error_target_mismatch") = static_cast<int>(delta::Error::TargetMismatch);
+  m.def("delta_finish_checksum", &delta::finish_checksum);
+
   m.attr("format_version") = fmt::kVersion;
   m.attr("lanes") = fmt::kLanes;
   // Where a stream's total size lives (a u64, little-endian, header included):
@@ -308,6 +365,53 @@ NB_MODULE(_C, m) {
     d["max_grid_sms"] = r.max_grid_sms;
     return d;
   }, nb::arg("reset") = false);
+  // Weight deltas on the GPU (launch.h); delta.py sequences the calls.
+  m.def("delta_workspace_bytes", &gpu_delta_workspace_bytes);
+  m.def("delta_checksum_gpu", [](uintptr_t p, uint64_t nbytes, uintptr_t sums, uintptr_t stream, int max_sms,
+                                 int device) {
+    check(gpu_delta_checksum(ptr<const uint8_t>(p), nbytes, ptr<uint32_t>(sums), ptr<void>(stream), device, max_sms));
+  });
+  m.def("delta_plan_gpu", [](uintptr_t base, uintptr_t target, int dtype, uint64_t numel, uintptr_t ws,
+                             uintptr_t stream, int max_sms, int device) {
+    check(gpu_delta_plan(ptr<const uint8_t>(base), ptr<const uint8_t>(target), static_cast<fmt::DType>(dtype), numel,
+                         ptr<uint64_t>(ws), ptr<void>(stream), device, max_sms));
+  });
+  m.def("delta_write_gpu", [](uintptr_t base, uintptr_t target, int dtype, uint64_t numel, uintptr_t out, uintptr_t ws,
+                              uintptr_t stream, int max_sms, int device) {
+    check(gpu_delta_write(ptr<const uint8_t>(base), ptr<const uint8_t>(target), static_cast<fmt::DType>(dtype), numel,
+                          ptr<uint8_t>(out), ptr<uint64_t>(ws), ptr<void>(stream), device, max_sms));
+  });
+  m.def("delta_table_gpu", [](uintptr_t in, nb::bytes head, uintptr_t ws, uintptr_t err, uintptr_t stream, int device) {
+    if (head.size() < static_cast<size_t>(delta::kHeaderBytes)) throw FormatError(delta::error_text(delta::Error::TooShort));
+    check(gpu_delta_table(ptr<const uint8_t>(in), static_cast<const uint8_t*>(head.data()), ptr<uint64_t>(ws),
+                          ptr<uint32_t>(err), ptr<void>(stream), device));
+  });
+  m.def("delta_decode_gpu", [](uintptr_t base, uintptr_t in, nb::bytes head, uintptr_t ws, uintptr_t err, bool write,
+                               uintptr_t stream, int max_sms, int device) {
+    if (head.size() < static_cast<size_t>(delta::kHeaderBytes)) throw FormatError(delta::error_text(delta::Error::TooShort));
+    check(gpu_delta_decode(ptr<uint8_t>(base), ptr<const uint8_t>(in), static_cast<const uint8_t*>(head.data()),
+                           ptr<uint64_t>(ws), ptr<uint32_t>(err), write, ptr<void>(stream), device, max_sms));
+  });
+  // The error code of a GPU apply's checks before it writes (0: go ahead).
+  m.def("delta_gpu_verdict", [](nb::bytes head, uint32_t err, uint32_t body_sum, uint64_t base_sum) {
+    delta::Header h;
+    const delta::Error e = delta::parse_header(static_cast<const uint8_t*>(head.data()), head.size(), ~0ull, &h);
+    if (e != delta::Error::Ok) return static_cast<uint32_t>(e);
+    return static_cast<uint32_t>(
+        delta::check_verdict(h, body_sum, err, gpu::kDeltaErrTable, gpu::kDeltaErrBlock, base_sum));
+  });
+  // A stream's header from the GPU encoder's totals and checksums.
+  m.def("delta_header", [](int dtype, uint64_t numel, uint64_t changed, uint64_t total, uint64_t base_sum,
+                           uint64_t target_sum, uint32_t body_sum) {
+    delta::Header h;
+    h.dtype = static_cast<fmt::DType>(dtype);
+    h.numel = numel, h.changed = changed, h.total_bytes = total;
+    h.payload_bytes = total - delta::payload_begin(delta::num_blocks(numel, h.block_log2));
+    h.base_sum = base_sum, h.target_sum = target_sum, h.body_sum = body_sum;
+    uint8_t out[delta::kHeaderBytes];
+    delta::write_header(h, out);
+    return nb::bytes(reinterpret_cast<const char*>(out), sizeof out);
+  });
   m.def("device_info", [](int device) {
     int warp = 0, sms = 0;
     check(gpu_device_info(device, &warp, &sms));

@@ -2,6 +2,7 @@
 // device code only (no host pass) into the files the package loads at run
 // time (cubins/PTX, or an AMD code-object bundle). Names follow
 // kernel_names.h; the launcher resolves all of them at load.
+#include "portable_zip/delta_gpu.h"
 #include "portable_zip/gpu_codec.h"
 
 namespace pz::gpu {
@@ -74,6 +75,25 @@ PZ_RAW(false, false, true)
 // Device-parsed decodes of every dtype that is never coded (and bool).
 extern "C" PZ_GLOBAL void __launch_bounds__(kCtaThreads) pz_decode_Raw(DeviceDecodeLaunch l) {
   device_decode_kernel<fmt::DType::Invalid>(l);
+}
+
+// Weight deltas (delta_gpu.h): per element width, plan, write and decode.
+#define PZ_DELTA(W)                                                                                          \
+  extern "C" PZ_GLOBAL void __launch_bounds__(kCtaThreads) pz_delta_plan_##W(DeltaParams p) {               \
+    delta_plan_kernel<uint##W##_t>(p);                                                                      \
+  }                                                                                                         \
+  extern "C" PZ_GLOBAL void __launch_bounds__(kCtaThreads) pz_delta_write_##W(DeltaParams p) {              \
+    delta_write_kernel<uint##W##_t>(p);                                                                     \
+  }                                                                                                         \
+  extern "C" PZ_GLOBAL void __launch_bounds__(kCtaThreads) pz_delta_decode_##W(DeltaParams p) {             \
+    delta_decode_kernel<uint##W##_t>(p);                                                                    \
+  }
+PZ_DELTA(8)
+PZ_DELTA(16)
+PZ_DELTA(32)
+extern "C" PZ_GLOBAL void __launch_bounds__(kCtaThreads) pz_delta_table(DeltaTableParams p) { delta_table_kernel(p); }
+extern "C" PZ_GLOBAL void __launch_bounds__(kCtaThreads) pz_delta_checksum(DeltaSumParams p) {
+  delta_checksum_kernel(p);
 }
 
 }  // namespace pz::gpu

@@ -13,6 +13,7 @@
 #include "device_api.h"
 #include "kernel_names.h"
 #include "launch.h"
+#include "portable_zip/delta_gpu.h"
 #include "portable_zip/gpu_params.h"
 
 namespace pz {
@@ -396,6 +397,98 @@ int gpu_device_info(int device, int* warp_size, int* sm_count) {
   int e = dev::attribute(device, dev::Attr::WarpSize, warp_size);
   if (!e) e = dev::attribute(device, dev::Attr::SmCount, sm_count);
   return e ? fail(e, "querying the device") : static_cast<int>(kOk);
+}
+
+// --- weight deltas (delta_gpu.h) ----------------------------------------------
+uint64_t gpu_delta_workspace_bytes(uint64_t numel) {
+  return 8 * (2 * delta::num_blocks(numel, delta::kMinBlockLog2) + 2);  // a stream's blocks may be that small
+}
+
+// A launch of delta kernel `name` over `work` groups (or threads, when
+// per_thread) on a persistent grid.
+template <class P>
+static int delta_launch(const std::string& name, uint64_t work, bool per_thread, P& params, void* stream, int device,
+                        int max_sms) {
+  Ready r;
+  if (const int rc = ready(device, name, 0, &r)) return rc;
+  const uint64_t per_cta = per_thread ? gpu::kCtaThreads : gpu::kGroupsPerCta;
+  return run(r, persistent_grid(r, work ? (work + per_cta - 1) / per_cta : 1, max_sms), 0, stream, params,
+             "launching a delta kernel");
+}
+
+int gpu_delta_checksum(const uint8_t* p, uint64_t nbytes, uint32_t* sums, void* stream, int device, int max_sms) {
+  gpu::DeltaSumParams q{p, nbytes, sums};
+  return delta_launch(gpu::delta_name("checksum", 0), (nbytes + 3) / 4, true, q, stream, device, max_sms);
+}
+
+static gpu::DeltaParams delta_params(fmt::DType d, uint64_t numel, uint64_t* ws) {
+  gpu::DeltaParams p{};
+  p.numel = numel;
+  p.log2 = delta::kBlockLog2;
+  p.w = delta::width_bits(d);
+  p.nblocks = delta::num_blocks(numel, p.log2);
+  p.ws = ws;
+  return p;
+}
+
+static int delta_table(const uint8_t* entries, const delta::Header& h, uint64_t* ws, uint32_t* err, bool check,
+                       void* stream, int device) {
+  gpu::DeltaTableParams t{};
+  t.entries = entries;
+  t.numel = h.numel;
+  t.log2 = h.block_log2;
+  t.w = delta::width_bits(h.dtype);
+  t.nblocks = delta::num_blocks(h.numel, h.block_log2);
+  t.ws = ws;
+  t.err = err;
+  t.expect_total = h.total_bytes;
+  t.expect_changed = h.changed;
+  t.check = check;
+  Ready r;
+  if (const int rc = ready(device, gpu::delta_name("table", 0), 0, &r)) return rc;
+  return run(r, Grid{1, 1}, 0, stream, t, "launching the delta table kernel");
+}
+
+int gpu_delta_plan(const uint8_t* base, const uint8_t* target, fmt::DType d, uint64_t numel, uint64_t* ws,
+                   void* stream, int device, int max_sms) {
+  gpu::DeltaParams p = delta_params(d, numel, ws);
+  p.base = base, p.target = target;
+  if (const int rc = delta_launch(gpu::delta_name("plan", p.w), p.nblocks, false, p, stream, device, max_sms)) return rc;
+  delta::Header h;
+  h.dtype = d, h.numel = numel;
+  return delta_table(reinterpret_cast<const uint8_t*>(gpu::delta_entries(ws, p.nblocks)), h, ws, nullptr, false,
+                     stream, device);
+}
+
+int gpu_delta_write(const uint8_t* base, const uint8_t* target, fmt::DType d, uint64_t numel, uint8_t* out,
+                    uint64_t* ws, void* stream, int device, int max_sms) {
+  gpu::DeltaParams p = delta_params(d, numel, ws);
+  p.base = base, p.target = target, p.out = out;
+  return delta_launch(gpu::delta_name("write", p.w), p.nblocks, false, p, stream, device, max_sms);
+}
+
+int gpu_delta_table(const uint8_t* stream_bytes, const uint8_t* head, uint64_t* ws, uint32_t* err, void* stream,
+                    int device) {
+  delta::Header h;
+  if (delta::parse_header(head, delta::kHeaderBytes, ~0ull, &h) != delta::Error::Ok) {
+    set_last_error("gpu_delta_table: the host did not validate this header", "");
+    return kBadArgument;
+  }
+  return delta_table(stream_bytes + delta::kHeaderBytes, h, ws, err, true, stream, device);
+}
+
+int gpu_delta_decode(uint8_t* base, const uint8_t* stream_bytes, const uint8_t* head, uint64_t* ws, uint32_t* err,
+                     bool write, void* stream, int device, int max_sms) {
+  delta::Header h;
+  if (delta::parse_header(head, delta::kHeaderBytes, ~0ull, &h) != delta::Error::Ok) {
+    set_last_error("gpu_delta_decode: the host did not validate this header", "");
+    return kBadArgument;
+  }
+  gpu::DeltaParams p = delta_params(h.dtype, h.numel, ws);
+  p.log2 = h.block_log2;
+  p.nblocks = delta::num_blocks(h.numel, h.block_log2);
+  p.out = base, p.stream = stream_bytes, p.err = err, p.total = h.total_bytes, p.write = write;
+  return delta_launch(gpu::delta_name("decode", p.w), p.nblocks, true, p, stream, device, max_sms);
 }
 
 // --- staging copies for a transport (gpu_runtime.h) ------------------------

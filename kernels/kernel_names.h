@@ -50,4 +50,9 @@ inline std::string raw_name(bool encode, bool vec, bool is_bool) {
   return std::string("pz_raw_") + (encode ? "true_" : "false_") + (vec ? "true_" : "false_") + (is_bool ? "true" : "false");
 }
 
+// Weight deltas: pz_delta_<plan|write|decode>_<element bits>, pz_delta_table, pz_delta_checksum.
+inline std::string delta_name(const char* what, int bits) {
+  return std::string("pz_delta_") + what + (bits ? "_" + std::to_string(bits) : std::string());
+}
+
 }  // namespace pz::gpu

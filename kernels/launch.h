@@ -21,6 +21,15 @@ void cpu_advise_huge_pages(void* p, uint64_t n);
 uint8_t* cpu_compress_mapped(const uint8_t* in, const fmt::Header& h, int threads, uint64_t* total, uint64_t* mapped);
 void cpu_release_mapped(uint8_t* p, uint64_t mapped);
 
+// Weight deltas (delta.h, kernels/delta_cpu.cpp); threads < 1 means 1.
+// cpu_delta_encode returns a malloc'd stream of *total bytes (free()), null
+// on failure; cpu_delta_apply returns a delta::Error (0: rebuilt and verified).
+uint64_t cpu_delta_checksum(const uint8_t* p, uint64_t nbytes, int threads);
+uint8_t* cpu_delta_encode(const uint8_t* base, const uint8_t* target, fmt::DType d, uint64_t numel, int threads,
+                          uint64_t* total);
+uint32_t cpu_delta_apply(uint8_t* base, fmt::DType d, uint64_t numel, const uint8_t* stream, uint64_t len,
+                         int threads);
+
 // GPU (whichever vendor runtime device_api.h loaded; device < 0 means the
 // calling thread's current device). Workspace is device memory the launcher
 // clears on the stream; decompress ORs DecodeError bits into *err (device).
@@ -50,6 +59,22 @@ uint64_t gpu_decode_batch_workspace_bytes(int n);
 int gpu_decode_batch(const uint8_t* const* ins, const uint64_t* in_lens, uint8_t* const* outs, uint32_t* const* errs,
                      const fmt::Header* expects, int n, void* workspace, void* stream, int device, int max_sms);
 int gpu_device_info(int device, int* warp_size, int* sm_count);
+// Weight deltas on the GPU (delta_gpu.h). Checksum: adds the two sums of
+// nbytes at p into sums[0..1] (device u32s). ws: gpu_delta_workspace_bytes.
+// Encode: plan (then read ws's total and changed: delta_gpu.h), write into out
+// (the total's bytes; the host writes the header). Apply: table (checks the
+// stream's table into ws, err bits), then decode dry (write false) and, once
+// the host has checked, writing. err: a device u32 of kDeltaErr bits.
+uint64_t gpu_delta_workspace_bytes(uint64_t numel);
+int gpu_delta_checksum(const uint8_t* p, uint64_t nbytes, uint32_t* sums, void* stream, int device, int max_sms);
+int gpu_delta_plan(const uint8_t* base, const uint8_t* target, fmt::DType d, uint64_t numel, uint64_t* ws,
+                   void* stream, int device, int max_sms);
+int gpu_delta_write(const uint8_t* base, const uint8_t* target, fmt::DType d, uint64_t numel, uint8_t* out,
+                    uint64_t* ws, void* stream, int device, int max_sms);
+int gpu_delta_table(const uint8_t* stream_bytes, const uint8_t* head, uint64_t* ws, uint32_t* err, void* stream,
+                    int device);
+int gpu_delta_decode(uint8_t* base, const uint8_t* stream_bytes, const uint8_t* head, uint64_t* ws, uint32_t* err,
+                     bool write, void* stream, int device, int max_sms);
 
 // The launch report: what this process's GPU codec launches (every kernel
 // above, both of a decode batch's) used since the last reset, so a test can

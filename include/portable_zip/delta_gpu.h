@@ -1,0 +1,238 @@
+// GPU kernels of the weight-delta codec (delta.h). Encode: a 32-lane group
+// per block counts and sizes it (plan), one CTA scans the sizes into offsets
+// (table), and a group per block writes its codes at prefix-summed bit
+// offsets (write), so the bytes are the CPU encoder's. Decode: the table
+// kernel checks the stream's table, then a thread per block runs delta.h's
+// decode_block, once dry and once writing. Checksums: grid-wide sums.
+#pragma once
+#include <stdint.h>
+
+#include "delta.h"
+#include "gpu_group.h"
+
+namespace pz::gpu {
+
+// Error bits of a GPU apply (delta_verdict reads them).
+constexpr uint32_t kDeltaErrTable = 1;
+constexpr uint32_t kDeltaErrBlock = 2;
+
+struct DeltaSumParams {
+  const uint8_t* p;
+  uint64_t nbytes;
+  uint32_t* sums;  // lo, hi: added to
+};
+
+// Plan / write / decode of one tensor. ws: u64 offsets[nblocks + 1],
+// u64 changed, u64 entries[nblocks] (the plan's table, delta.h layout).
+struct DeltaParams {
+  const uint8_t* base;
+  const uint8_t* target;  // encode
+  uint8_t* out;           // write: the stream; decode: the base, rewritten
+  const uint8_t* stream;  // decode
+  uint64_t numel, nblocks, total;
+  uint64_t* ws;
+  uint32_t* err;
+  int log2, w;
+  bool write;  // decode: apply the changes (else a dry run)
+};
+
+struct DeltaTableParams {
+  const uint8_t* entries;  // nblocks entries of 8 bytes
+  uint64_t numel, nblocks;
+  uint64_t* ws;  // offsets and changed, as DeltaParams
+  uint32_t* err;
+  uint64_t expect_total, expect_changed;  // apply: the header's; encode: unchecked
+  int log2, w;
+  bool check;
+};
+
+PZ_HOST_DEVICE PZ_FORCE_INLINE uint64_t* delta_entries(uint64_t* ws, uint64_t nblocks) { return ws + nblocks + 2; }
+
+#if defined(PZ_CUDA) || defined(PZ_HIP)
+
+PZ_DEVICE PZ_FORCE_INLINE int highest_bit(uint32_t m) {  // m != 0
+  m |= m >> 1, m |= m >> 2, m |= m >> 4, m |= m >> 8, m |= m >> 16;
+  return popc32(m) - 1;
+}
+
+PZ_DEVICE PZ_FORCE_INLINE uint32_t group_max32(uint32_t v) {
+#pragma unroll
+  for (int m = 1; m < fmt::kLanes; m <<= 1) {
+    const uint32_t o = group_shfl_xor(v, m);
+    v = o > v ? o : v;
+  }
+  return v;
+}
+
+// Group index and count over the grid (kGroupsPerCta groups a CTA).
+PZ_DEVICE PZ_FORCE_INLINE uint64_t group_id() {
+  return static_cast<uint64_t>(blockIdx.x) * kGroupsPerCta + threadIdx.x / fmt::kLanes;
+}
+PZ_DEVICE PZ_FORCE_INLINE uint64_t group_count() { return static_cast<uint64_t>(gridDim.x) * kGroupsPerCta; }
+
+PZ_DEVICE inline void delta_checksum_kernel(const DeltaSumParams& p) {
+  const uint64_t units = (p.nbytes + 3) / 4, full = p.nbytes / 4;
+  const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
+  const bool aligned = reinterpret_cast<uintptr_t>(p.p) % 4 == 0;
+  uint32_t lo = 0, hi = 0;
+  for (uint64_t i = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < units; i += stride) {
+    const uint32_t u = aligned && i < full ? reinterpret_cast<const uint32_t*>(p.p)[i] : delta::tail_unit(p.p, p.nbytes, i);
+    const uint32_t ix = delta::unit_index(i);
+    lo += delta::term_lo(u, ix);
+    hi += delta::term_hi(u, ix);
+  }
+  lo = group_sum32(lo), hi = group_sum32(hi);
+  if (group_lane() == 0) {
+    atomic_add<Scope::Device>(p.sums, lo);
+    atomic_add<Scope::Device>(p.sums + 1, hi);
+  }
+}
+
+// Walks block b's elements 32 at a time in order; f(i, z, gap) for each
+// changed one (every lane calls, z == 0 where unchanged), returns nothing.
+template <class T, class F>
+PZ_DEVICE PZ_FORCE_INLINE void walk_changes(const T* b, const T* t, uint32_t n, int w, F&& f) {
+  const int lane = group_lane();
+  uint32_t next = 0;  // the position after the last change of earlier chunks
+  for (uint32_t c0 = 0; c0 < n; c0 += fmt::kLanes) {
+    const uint32_t i = c0 + lane;
+    const uint32_t z = i < n ? delta::delta_zigzag(b[i], t[i], w) : 0u;
+    const uint32_t mask = group_ballot(z != 0);
+    const uint32_t below = mask & group_lanemask_lt();
+    const uint32_t gap = i - (below ? c0 + highest_bit(below) + 1 : next);
+    f(i, z, gap);
+    if (mask) next = c0 + highest_bit(mask) + 1;
+  }
+}
+
+// Plan: a group per block; each block's entry into the workspace, its byte
+// count into offsets[b] (the table kernel scans them).
+template <class T>
+PZ_DEVICE inline void delta_plan_kernel(const DeltaParams& p) {
+  const T* base = reinterpret_cast<const T*>(p.base);
+  const T* target = reinterpret_cast<const T*>(p.target);
+  for (uint64_t b = group_id(); b < p.nblocks; b += group_count()) {
+    const T* bb = base + (b << p.log2);
+    const T* tb = target + (b << p.log2);
+    const uint32_t n = delta::block_elems(p.numel, p.log2, b);
+    uint32_t c = 0, last = 0;
+    uint64_t sv = 0;
+    for (uint32_t i = group_lane(); i < n; i += fmt::kLanes) {
+      const uint32_t z = delta::delta_zigzag(bb[i], tb[i], p.w);
+      if (z) ++c, last = i, sv += z - 1u;
+    }
+    c = group_sum32(c), last = group_max32(last), sv = group_sum64(sv);
+    delta::Entry e{0, c, 0, 0};
+    if (c) {
+      e.k_gap = delta::choose_k(last + 1 - c, c, p.log2);
+      e.k_value = delta::choose_k(sv, c, p.w);
+      uint64_t bits = 0;
+      walk_changes(bb, tb, n, p.w, [&](uint32_t, uint32_t z, uint32_t gap) {
+        bits += group_sum32(z ? delta::element_bits(gap, z, e, p.log2, p.w) : 0u);
+      });
+      e.bytes = static_cast<uint32_t>(4 * ((bits + 31) / 32));
+    }
+    if (group_lane() == 0) {
+      uint8_t entry[delta::kEntryBytes];
+      delta::put_entry(entry, e);
+      delta_entries(p.ws, p.nblocks)[b] = fmt::get_u64(entry);
+      p.ws[b] = e.bytes;
+    }
+  }
+}
+
+// One CTA: the entries' byte counts scanned into payload offsets
+// (offsets[nblocks] = the total), their counts summed; with check, each entry
+// validated and the sums compared with the header's (err bits).
+PZ_DEVICE inline void delta_table_kernel(const DeltaTableParams& p) {
+  __shared__ uint64_t part_bytes[kCtaThreads], part_count[kCtaThreads];
+  const uint64_t per = (p.nblocks + kCtaThreads - 1) / kCtaThreads;
+  const uint64_t a = threadIdx.x * per < p.nblocks ? threadIdx.x * per : p.nblocks;
+  const uint64_t z = a + per < p.nblocks ? a + per : p.nblocks;
+  uint64_t bytes = 0, count = 0;
+  bool bad = false;
+  for (uint64_t k = a; k < z; ++k) {
+    const delta::Entry e = delta::get_entry(p.entries + delta::kEntryBytes * k);
+    if (p.check) bad = bad || !delta::entry_ok(e, delta::block_elems(p.numel, p.log2, k), p.log2, p.w);
+    bytes += e.bytes, count += e.count;
+  }
+  part_bytes[threadIdx.x] = bytes, part_count[threadIdx.x] = count;
+  __syncthreads();
+  uint64_t at = delta::payload_begin(p.nblocks), changed = 0;
+  for (int t = 0; t < kCtaThreads; ++t) {
+    if (t == static_cast<int>(threadIdx.x)) break;
+    at += part_bytes[t];
+  }
+  for (uint64_t k = a; k < z; ++k) {
+    p.ws[k] = at;
+    at += delta::get_entry(p.entries + delta::kEntryBytes * k).bytes;
+  }
+  if (bad) atomic_or<Scope::Device>(p.err, kDeltaErrTable);
+  if (threadIdx.x == kCtaThreads - 1) {
+    for (int t = 0; t < kCtaThreads; ++t) changed += part_count[t];
+    p.ws[p.nblocks] = at;
+    p.ws[p.nblocks + 1] = changed;
+    if (p.check && (at != p.expect_total || changed != p.expect_changed)) atomic_or<Scope::Device>(p.err, kDeltaErrTable);
+  }
+}
+
+// Write: a group per block zeroes its words, then ORs each change's codes in
+// at its bit offset (delta.h's put_rice: the CPU encoder's bits).
+template <class T>
+PZ_DEVICE inline void delta_write_kernel(const DeltaParams& p) {
+  const T* base = reinterpret_cast<const T*>(p.base);
+  const T* target = reinterpret_cast<const T*>(p.target);
+  const uint64_t* entries = delta_entries(p.ws, p.nblocks);
+  const int lane = group_lane();
+  for (uint64_t b = group_id(); b < p.nblocks; b += group_count()) {
+    uint8_t raw[delta::kEntryBytes];
+    fmt::put_u64(raw, entries[b]);
+    const delta::Entry e = delta::get_entry(raw);
+    uint32_t* words = reinterpret_cast<uint32_t*>(p.out + p.ws[b]);
+    for (uint32_t k = lane; k < e.bytes / 4; k += fmt::kLanes) words[k] = 0;
+    if (lane < delta::kEntryBytes) p.out[delta::kHeaderBytes + delta::kEntryBytes * b + lane] = raw[lane];
+    group_sync();
+    if (!e.count) continue;
+    auto or_word = [words](uint64_t k, uint32_t v) { atomic_or<Scope::Device>(words + k, v); };
+    uint64_t bit = 0;
+    walk_changes(base + (b << p.log2), target + (b << p.log2), delta::block_elems(p.numel, p.log2, b), p.w,
+                 [&](uint32_t, uint32_t z, uint32_t gap) {
+                   const uint32_t len = z ? delta::element_bits(gap, z, e, p.log2, p.w) : 0u;
+                   const uint32_t before = group_exclusive_scan(len);
+                   if (z) {
+                     const uint64_t at = delta::put_rice(or_word, bit + before, gap, e.k_gap, p.log2);
+                     delta::put_rice(or_word, at, z - 1u, e.k_value, p.w);
+                   }
+                   bit += group_shfl(before + len, fmt::kLanes - 1);
+                 });
+  }
+}
+
+// Decode: a thread per block, after the table kernel (which set err on a bad
+// table: then nothing runs). Dry (write false): decode only, err on a bad
+// block. Write: apply the changes to the base in place.
+template <class T>
+PZ_DEVICE inline void delta_decode_kernel(const DeltaParams& p) {
+  if (*reinterpret_cast<volatile uint32_t*>(p.err)) return;
+  T* base = reinterpret_cast<T*>(p.out);
+  const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
+  for (uint64_t b = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; b < p.nblocks; b += stride) {
+    const delta::Entry e = delta::get_entry(p.stream + delta::kHeaderBytes + delta::kEntryBytes * b);
+    const uint32_t n = delta::block_elems(p.numel, p.log2, b);
+    const uint64_t at = p.ws[b];
+    if (!delta::entry_ok(e, n, p.log2, p.w) || at > p.total || e.bytes > p.total - at) {
+      atomic_or<Scope::Device>(p.err, kDeltaErrTable);
+      continue;
+    }
+    T* blk = base + (b << p.log2);
+    const int w = p.w;
+    const bool ok = p.write ? delta::decode_block(p.stream + at, e, n, p.log2, w,
+                                                  [&](uint32_t i, uint32_t z) { delta::apply_element(blk, i, z, w); })
+                            : delta::decode_block(p.stream + at, e, n, p.log2, w, [](uint32_t, uint32_t) {});
+    if (!ok) atomic_or<Scope::Device>(p.err, kDeltaErrBlock);
+  }
+}
+
+#endif  // PZ_CUDA || PZ_HIP
+
+}  // namespace pz::gpu

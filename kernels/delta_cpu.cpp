@@ -1,0 +1,209 @@
+// CPU drivers of the weight-delta codec (delta.h): threads over blocks and
+// over the checksum's units; every byte comes from delta.h's shared code.
+#include <stdlib.h>
+#include <string.h>
+
+#include <atomic>
+#include <string>
+#include <vector>
+
+#include "launch.h"
+#include "portable_zip/cpu_codec.h"  // cpu::parallel_for
+#include "portable_zip/delta.h"
+
+namespace pz {
+
+namespace {
+
+using delta::Entry;
+
+// The two checksum sums of units [a, z) of nbytes bytes at p.
+PZ_HOST_SIMD_CLONES void sum_units(const uint8_t* p, uint64_t nbytes, uint64_t a, uint64_t z, uint32_t* lo,
+                                   uint32_t* hi) {
+  const uint64_t full = nbytes / 4 < z ? nbytes / 4 : z;
+  uint32_t l = 0, h = 0;
+  for (uint64_t i = a; i < full; ++i) {
+    uint32_t u;
+    memcpy(&u, p + 4 * i, 4);  // little-endian hosts only (as the whole codec)
+    const uint32_t ix = delta::unit_index(i);
+    l += delta::term_lo(u, ix);
+    h += delta::term_hi(u, ix);
+  }
+  for (uint64_t i = full > a ? full : a; i < z; ++i) {
+    const uint32_t u = delta::tail_unit(p, nbytes, i), ix = delta::unit_index(i);
+    l += delta::term_lo(u, ix);
+    h += delta::term_hi(u, ix);
+  }
+  *lo = l, *hi = h;
+}
+
+uint64_t checksum(const uint8_t* p, uint64_t nbytes, int threads) {
+  const uint64_t units = (nbytes + 3) / 4;
+  // Chunks of 1 MiB at least: a thread per chunk pays off only past that.
+  const uint64_t chunks = (units + (1u << 18) - 1) >> 18;
+  std::atomic<uint32_t> lo{0}, hi{0};
+  cpu::parallel_for(chunks, threads, [&](int, uint64_t c0, uint64_t c1) {
+    uint32_t l, h;
+    sum_units(p, nbytes, c0 << 18, c1 << 18 < units ? c1 << 18 : units, &l, &h);
+    lo += l, hi += h;
+  });
+  return delta::finish_checksum(lo, hi, nbytes);
+}
+
+// The block's entry: count, parameters from the sums, and payload size.
+template <class T>
+Entry plan_block(const T* b, const T* t, uint32_t n, int log2, int w) {
+  uint32_t c = 0, last = 0;
+  uint64_t sv = 0;
+  for (uint32_t i = 0; i < n; ++i) {
+    if (b[i] == t[i]) continue;
+    ++c, last = i;
+    sv += delta::delta_zigzag(b[i], t[i], w) - 1u;
+  }
+  Entry e{0, c, 0, 0};
+  if (!c) return e;
+  e.k_gap = delta::choose_k(last + 1 - c, c, log2);
+  e.k_value = delta::choose_k(sv, c, w);
+  uint64_t bits = 0;
+  for (uint32_t i = 0, next = 0; i < n; ++i) {
+    if (b[i] == t[i]) continue;
+    bits += delta::element_bits(i - next, delta::delta_zigzag(b[i], t[i], w), e, log2, w);
+    next = i + 1;
+  }
+  e.bytes = static_cast<uint32_t>(4 * ((bits + 31) / 32));
+  return e;
+}
+
+template <class T>
+void write_block(const T* b, const T* t, uint32_t n, const Entry& e, int log2, int w, uint8_t* out) {
+  memset(out, 0, e.bytes);
+  auto or_word = [out](uint64_t k, uint32_t v) { fmt::put_u32(out + 4 * k, fmt::get_u32(out + 4 * k) | v); };
+  uint64_t bit = 0;
+  for (uint32_t i = 0, next = 0; i < n; ++i) {
+    if (b[i] == t[i]) continue;
+    bit = delta::put_rice(or_word, bit, i - next, e.k_gap, log2);
+    bit = delta::put_rice(or_word, bit, delta::delta_zigzag(b[i], t[i], w) - 1u, e.k_value, w);
+    next = i + 1;
+  }
+}
+
+template <class T>
+uint8_t* encode(const T* base, const T* target, fmt::DType d, uint64_t numel, int threads, uint64_t* total) {
+  const int log2 = delta::kBlockLog2, w = delta::width_bits(d);
+  const uint64_t nb = delta::num_blocks(numel, log2);
+  std::vector<Entry> entries(nb);
+  cpu::parallel_for(nb, threads, [&](int, uint64_t lo, uint64_t hi) {
+    for (uint64_t k = lo; k < hi; ++k)
+      entries[k] = plan_block(base + (k << log2), target + (k << log2), delta::block_elems(numel, log2, k), log2, w);
+  });
+  std::vector<uint64_t> offsets(nb + 1, delta::payload_begin(nb));
+  delta::Header h;
+  h.dtype = d;
+  h.numel = numel;
+  for (uint64_t k = 0; k < nb; ++k) offsets[k + 1] = offsets[k] + entries[k].bytes, h.changed += entries[k].count;
+  h.total_bytes = offsets[nb];
+  h.payload_bytes = h.total_bytes - offsets[0];
+  uint8_t* out = static_cast<uint8_t*>(malloc(h.total_bytes));
+  if (!out) {
+    set_last_error("delta encode: allocating the stream failed", std::to_string(h.total_bytes).c_str());
+    return nullptr;
+  }
+  cpu::parallel_for(nb, threads, [&](int, uint64_t lo, uint64_t hi) {
+    for (uint64_t k = lo; k < hi; ++k) {
+      delta::put_entry(out + delta::kHeaderBytes + delta::kEntryBytes * k, entries[k]);
+      write_block(base + (k << log2), target + (k << log2), delta::block_elems(numel, log2, k), entries[k], log2, w,
+                  out + offsets[k]);
+    }
+  });
+  const uint64_t nbytes = numel * sizeof(T);
+  h.base_sum = checksum(reinterpret_cast<const uint8_t*>(base), nbytes, threads);
+  h.target_sum = checksum(reinterpret_cast<const uint8_t*>(target), nbytes, threads);
+  h.body_sum = delta::body_checksum(checksum(out + delta::kHeaderBytes, h.total_bytes - delta::kHeaderBytes, threads));
+  delta::write_header(h, out);
+  *total = h.total_bytes;
+  return out;
+}
+
+// Validates the table; fills the blocks' payload offsets.
+delta::Error check_table(const uint8_t* s, const delta::Header& h, std::vector<uint64_t>* offsets) {
+  const int log2 = h.block_log2, w = delta::width_bits(h.dtype);
+  const uint64_t nb = delta::num_blocks(h.numel, log2);
+  offsets->assign(nb + 1, delta::payload_begin(nb));
+  uint64_t changed = 0;
+  for (uint64_t k = 0; k < nb; ++k) {
+    const Entry e = delta::get_entry(s + delta::kHeaderBytes + delta::kEntryBytes * k);
+    if (!delta::entry_ok(e, delta::block_elems(h.numel, log2, k), log2, w)) return delta::Error::BadTable;
+    (*offsets)[k + 1] = (*offsets)[k] + e.bytes;  // each at most max_block_bytes: no wrap
+    changed += e.count;
+  }
+  if (changed != h.changed || (*offsets)[nb] != h.total_bytes) return delta::Error::BadTable;
+  return delta::Error::Ok;
+}
+
+template <class T>
+uint32_t apply(T* base, const uint8_t* s, const delta::Header& h, int threads) {
+  std::vector<uint64_t> offsets;
+  if (const delta::Error e = check_table(s, h, &offsets); e != delta::Error::Ok) return static_cast<uint32_t>(e);
+  const int log2 = h.block_log2, w = delta::width_bits(h.dtype);
+  const uint64_t nb = offsets.size() - 1;
+  // Every block decodes (nothing written) before any element changes: a bad stream leaves the base as it was.
+  for (int pass = 0; pass < 2; ++pass) {
+    if (pass == 1 && checksum(reinterpret_cast<const uint8_t*>(base), h.numel * sizeof(T), threads) != h.base_sum)
+      return static_cast<uint32_t>(delta::Error::BaseMismatch);
+    std::atomic<bool> bad{false};
+    cpu::parallel_for(nb, threads, [&](int, uint64_t lo, uint64_t hi) {
+      for (uint64_t k = lo; k < hi && !bad.load(std::memory_order_relaxed); ++k) {
+        const Entry e = delta::get_entry(s + delta::kHeaderBytes + delta::kEntryBytes * k);
+        T* blk = base + (k << log2);
+        const uint32_t n = delta::block_elems(h.numel, log2, k);
+        const bool ok = pass == 0 ? delta::decode_block(s + offsets[k], e, n, log2, w, [](uint32_t, uint32_t) {})
+                                  : delta::decode_block(s + offsets[k], e, n, log2, w, [&](uint32_t i, uint32_t z) {
+                                      delta::apply_element(blk, i, z, w);
+                                    });
+        if (!ok) bad = true;
+      }
+    });
+    if (bad) return static_cast<uint32_t>(delta::Error::BadBlock);
+  }
+  if (checksum(reinterpret_cast<const uint8_t*>(base), h.numel * sizeof(T), threads) != h.target_sum)
+    return static_cast<uint32_t>(delta::Error::TargetMismatch);
+  return 0;
+}
+
+}  // namespace
+
+uint64_t cpu_delta_checksum(const uint8_t* p, uint64_t nbytes, int threads) { return checksum(p, nbytes, threads); }
+
+uint8_t* cpu_delta_encode(const uint8_t* base, const uint8_t* target, fmt::DType d, uint64_t numel, int threads,
+                          uint64_t* total) {
+  switch (delta::width_bits(d)) {
+    case 8: return encode(base, target, d, numel, threads, total);
+    case 16:
+      return encode(reinterpret_cast<const uint16_t*>(base), reinterpret_cast<const uint16_t*>(target), d, numel,
+                    threads, total);
+    case 32:
+      return encode(reinterpret_cast<const uint32_t*>(base), reinterpret_cast<const uint32_t*>(target), d, numel,
+                    threads, total);
+  }
+  set_last_error("delta encode: dtype is not one deltas code", "");
+  return nullptr;
+}
+
+uint32_t cpu_delta_apply(uint8_t* base, fmt::DType d, uint64_t numel, const uint8_t* stream, uint64_t len,
+                         int threads) {
+  delta::Header h;
+  delta::Error e = delta::parse_header(stream, len, len, &h);
+  if (e == delta::Error::Ok && (h.dtype != d || h.numel != numel)) e = delta::Error::Mismatch;
+  if (e == delta::Error::Ok &&
+      delta::body_checksum(checksum(stream + delta::kHeaderBytes, h.total_bytes - delta::kHeaderBytes, threads)) !=
+          h.body_sum)
+    e = delta::Error::BadBodyChecksum;
+  if (e != delta::Error::Ok) return static_cast<uint32_t>(e);
+  switch (delta::width_bits(d)) {
+    case 8: return apply(base, stream, h, threads);
+    case 16: return apply(reinterpret_cast<uint16_t*>(base), stream, h, threads);
+    default: return apply(reinterpret_cast<uint32_t*>(base), stream, h, threads);
+  }
+}
+
+}  // namespace pz
