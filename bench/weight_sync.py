@@ -1,0 +1,201 @@
+"""RL weight sync with pz.weights: how much a training step changes the bf16
+weights, what each way of shipping them costs, and how long a sync of a
+large state takes.
+
+Part 1 (codec): a small transformer built here (no downloads) trains on a
+synthetic next-token task with AdamW (fp32 master weights, a bf16 copy is
+what gets synced), at each learning rate for --steps steps. Per step: the
+fraction of bf16 values changed, bytes raw / compressed (pz.compress) /
+delta (pz.delta.encode against the previous step), and delta encode/apply
+time on the CPU (and the GPU when present).
+
+Part 2 (sync): two ranks; rank 0 sends a --state-gib GiB bf16 state to rank
+1 through pz.weights over a Communicator, each version changing --changed of
+the values (default: the median fraction measured at the largest lr in
+part 1) by one unit in the last place. Seconds per round: uncompressed full
+sync (compress="never"), compressed full sync, and delta.
+
+    python bench/weight_sync.py [--device cpu|cuda] [--steps 10] [--state-gib 1] [--json bench/results/x.json]
+
+--device cuda: NCCL between two GPUs, or with one GPU two ranks over the
+fabric (transport="fabric"), as --transport says.
+"""
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/pzbench, under python -P too
+from pzbench.comm import spawn  # noqa: E402
+from pzbench.common import report  # noqa: E402
+
+import portable_zip as pz  # noqa: E402
+from portable_zip.weights import Receiver, Sender, wire  # noqa: E402
+
+
+class TinyLM(torch.nn.Module):
+    def __init__(self, vocab=512, d=256, layers=4, heads=4, ffn=1024, ctx=64):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, d)
+        self.pos = torch.nn.Parameter(torch.randn(ctx, d) * 0.02)
+        layer = torch.nn.TransformerEncoderLayer(d, heads, ffn, dropout=0.0, batch_first=True, norm_first=True)
+        self.blocks = torch.nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.norm = torch.nn.LayerNorm(d)
+        self.head = torch.nn.Linear(d, vocab, bias=False)
+
+    def forward(self, x):
+        mask = torch.nn.Transformer.generate_square_subsequent_mask(x.shape[1])
+        h = self.blocks(self.embed(x) + self.pos[:x.shape[1]], mask=mask, is_causal=True)
+        return self.head(self.norm(h))
+
+
+def batches(vocab, ctx, batch, seed):
+    """A synthetic language: a fixed random Markov chain over tokens (learnable structure)."""
+    g = torch.Generator().manual_seed(seed)
+    nxt = torch.randint(0, vocab, (vocab, 4), generator=g)
+    while True:
+        x = torch.empty(batch, ctx + 1, dtype=torch.long)
+        x[:, 0] = torch.randint(0, vocab, (batch,), generator=g)
+        for i in range(ctx):
+            x[:, i + 1] = nxt[x[:, i], torch.randint(0, 4, (batch,), generator=g)]
+        yield x[:, :-1], x[:, 1:]
+
+
+def timed(fn, device):
+    if device == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    out = fn()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return out, time.perf_counter() - t0
+
+
+def codec_rows(lr, steps, seed):
+    """One row per step at this lr."""
+    delta = wire.delta_codec()
+    torch.manual_seed(seed)
+    model = TinyLM()
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    data = batches(512, 64, 16, seed)
+    prev = {n: p.detach().to(torch.bfloat16) for n, p in model.named_parameters()}
+    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    rows = []
+    for step in range(steps):
+        x, y = next(data)
+        loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        cur = {n: p.detach().to(torch.bfloat16) for n, p in model.named_parameters()}
+        numel = sum(t.numel() for t in cur.values())
+        changed = sum(int((cur[n].view(torch.int16) != prev[n].view(torch.int16)).sum()) for n in cur)
+        row = {"lr": lr, "step": step + 1, "loss": round(loss.item(), 4), "numel": numel,
+               "changed_fraction": changed / numel, "raw_bytes": 2 * numel,
+               "compressed_bytes": sum(pz.compress(t).numel() for t in cur.values())}
+        if delta is not None:
+            for dev in devices:
+                b = {n: t.to(dev) for n, t in prev.items()}
+                c = {n: t.to(dev) for n, t in cur.items()}
+                streams, enc = timed(lambda: [delta.encode(b[n], c[n]) for n in c], dev)
+                _, dec = timed(lambda: [delta.apply(b[n], s) for n, s in zip(c, streams)], dev)
+                row["delta_bytes"] = sum(s.numel() for s in streams)
+                row[f"delta_encode_s_{dev}"], row[f"delta_apply_s_{dev}"] = enc, dec
+            row["raw_over_delta"] = row["raw_bytes"] / row["delta_bytes"]
+        row["raw_over_compressed"] = row["raw_bytes"] / row["compressed_bytes"]
+        rows.append(row)
+        prev = cur
+    return rows
+
+
+def state(numel, tensors, version, changed, device):
+    """Version `version` of a synthetic bf16 state: version 0 random, each
+    later one flips the lowest mantissa bit of `changed` of the values."""
+    out = {}
+    for i in range(tensors):
+        g = torch.Generator().manual_seed(i)
+        t = (torch.randn(numel // tensors, generator=g) * 0.02).to(torch.bfloat16)
+        bits = t.view(torch.int16)
+        for v in range(1, version + 1):
+            g.manual_seed(1000 * v + i)
+            hit = torch.rand(t.numel(), generator=g) < changed
+            bits ^= hit.to(torch.int16)
+        out[f"layer.{i}.weight"] = t.to(device)
+    return out
+
+
+def sync_worker(rank, world, numel, tensors, changed, rounds, device, transport):
+    dev = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
+    result = {}
+    modes = [("raw full sync (compress=never)", "never", False), ("compressed full sync", "always", False),
+             ("delta", "always", True)]
+    for label, compress, delta in modes:
+        comm = pz.Communicator(compress=compress, transport=transport, device=dev, timeout=600)
+        versions = [state(numel, tensors, v, changed, dev) for v in range(2)]
+        if rank == 0:
+            eng = Sender(comm, keep_base="cpu" if delta else None, delta=delta)
+        else:
+            eng = Receiver(comm, delta=delta)
+            into = {n: torch.empty_like(t) for n, t in versions[0].items()}
+        times, sent = [], []
+        for r in range(rounds + 1):  # round 0 seeds the base; rounds 1.. are timed
+            dist.barrier()
+            t0 = time.perf_counter()
+            st = eng.send(versions[r % 2], r) if rank == 0 else eng.receive(into)
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+            if r:
+                times.append(time.perf_counter() - t0)
+                sent.append(sum(p["sent_bytes"] for p in st))
+        if rank == 1:
+            ok = all(torch.equal(into[n].view(torch.int16), versions[rounds % 2][n].view(torch.int16)) for n in into)
+            if not ok:
+                raise AssertionError(f"{label}: the receiver's state differs from the sender's")
+        result[label] = {"seconds_median": statistics.median(times), "seconds": times,
+                         "engine_bytes_sent": statistics.median(sent) if rank == 0 else None,
+                         "comm_stats": comm.stats}
+        comm.close()
+    return result
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--transport", default=None, help="torch | fabric (default: fabric with one GPU, else torch)")
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--lrs", default="1e-6,1e-5")
+    ap.add_argument("--state-gib", type=float, default=1.0)
+    ap.add_argument("--tensors", type=int, default=16)
+    ap.add_argument("--changed", type=float, default=None)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--skip-sync", action="store_true")
+    ap.add_argument("--json", default=None, help="write the result here (bench/results/..., by the lead)")
+    a = ap.parse_args()
+    lrs = [float(x) for x in a.lrs.split(",")]
+    codec = {str(lr): codec_rows(lr, a.steps, seed=0) for lr in lrs}
+    result = {"delta_codec": wire.delta_codec() is not None, "codec": codec}
+    if not a.skip_sync:
+        changed = a.changed if a.changed is not None else statistics.median(
+            r["changed_fraction"] for r in codec[str(max(lrs))])
+        numel = int(a.state_gib * (1 << 30)) // 2 // a.tensors * a.tensors
+        transport = a.transport or ("fabric" if a.device == "cuda" and torch.cuda.device_count() < 2 else "torch")
+        backend = "nccl" if a.device == "cuda" and transport == "torch" else "gloo"
+        env = {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 2) // 2))}
+        from harness.ranks import run_ranks
+        res = run_ranks(2, sync_worker, numel, a.tensors, changed, a.rounds, a.device, transport, env=env,
+                        backend=backend, deadline=3000)
+        bad = {r: v for r, v in res.items() if v[0] != "ok"}
+        if bad:
+            raise RuntimeError(f"sync workers failed: {bad}")
+        result["sync"] = {"state_bytes": 2 * numel, "tensors": a.tensors, "changed_fraction": changed,
+                          "device": a.device, "transport": transport, "backend": backend,
+                          "rank0": res[0][1], "rank1": res[1][1]}
+    report(result, a.json)
+
+
+if __name__ == "__main__":
+    main()
