@@ -42,8 +42,18 @@ def weight(seed, name, version, shape=None, dtype=None):
     return torch.from_numpy(v).reshape(shape).to(dtype)
 
 
+def dev():
+    """cuda:<this rank's GPU> on NCCL jobs, else the CPU."""
+    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+
+
 def model(seed, version, names=None):
-    return {n: weight(seed, n, version) for n in (names or SHAPES)}
+    return {n: weight(seed, n, version).to(dev()) for n in (names or SHAPES)}
+
+
+def buffers(names=None):
+    """Zeroed receive buffers for every weight (or `names`)."""
+    return {n: torch.zeros(SHAPES[n], dtype=DTYPES[n], device=dev()) for n in (names or SHAPES)}
 
 
 def check(cond, msg):
@@ -57,7 +67,7 @@ def check_model(into, seed, version, rows=None):
         want = weight(seed, n, version)
         if rows and n in rows:
             want = want[rows[n][0]:rows[n][1]]
-        check(same(t, want), f"{n} differs from version {version}")
+        check(same(t.cpu(), want), f"{n} differs from version {version}")
 
 
 class _FakeBaseMismatch(MismatchError):
@@ -128,7 +138,7 @@ def one_to_many(rank, world, seed, rounds, bucket_bytes):
         stats = [s.send(model(seed, v).items(), v) for v in range(rounds)]
     else:
         r = engine.Receiver(comm)
-        into = {n: torch.zeros(SHAPES[n], dtype=DTYPES[n]) for n in SHAPES}
+        into = buffers()
         stats = []
         for v in range(rounds):
             stats.append(r.receive(into))
@@ -150,7 +160,7 @@ def skew(rank, world, seed):
             continue
         if eng is None:
             eng = engine.Sender(comm, bucket_bytes=1 << 20) if rank == 0 else engine.Receiver(comm)
-            into = {n: torch.zeros(SHAPES[n], dtype=DTYPES[n]) for n in SHAPES}
+            into = buffers()
         eng.comm = comm
         if rank == 0:
             st = eng.send(model(seed, v), v)
@@ -188,7 +198,7 @@ def sharded(rank, world, seed, rounds, part_bytes):
         r = engine.Receiver(comm)
         rows = {n: ((0, SHAPES[n][0] * 3 // 4) if rank == 2 else (SHAPES[n][0] // 4, SHAPES[n][0])) for n in two_d}
         into = {n: torch.zeros((rows[n][1] - rows[n][0], *SHAPES[n][1:]) if n in rows else SHAPES[n],
-                               dtype=DTYPES[n]) for n in names}
+                               dtype=DTYPES[n], device=dev()) for n in names}
         shards = {n: (rows[n][0], SHAPES[n][0]) for n in rows}
         for v in range(rounds):
             stats.append(r.receive(into, shards=shards))
@@ -241,7 +251,7 @@ def corrupt(rank, world, seed):
         st += s.send(model(seed, 2), 2)
         return impl, [(p["repaired"], p["repairs"]) for p in st]
     r = engine.Receiver(comm)
-    into = {n: torch.zeros(SHAPES[n], dtype=DTYPES[n]) for n in SHAPES}
+    into = buffers()
     out = []
     for v in range(3):
         st = r.receive(into)
@@ -259,7 +269,7 @@ def mismatch(rank, world, kind):
         if rank == 0:
             engine.Sender(comm).send(model(seed, 0), 0)
         else:
-            into = {n: torch.zeros(SHAPES[n], dtype=DTYPES[n]) for n in SHAPES}
+            into = buffers()
             if kind == "shape" and rank == world - 1:
                 into["layer.0.w"] = torch.zeros(40, 32, dtype=torch.bfloat16)
             elif kind == "dtype":

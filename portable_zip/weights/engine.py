@@ -251,11 +251,11 @@ class Sender(_Engine):
 
     def _payload(self, part, c):
         target = self._full(c)
-        cs = wire.checksum(target)
         if not c.delta:
-            return target, FULL, cs
-        base = self._slice(self.base[c.name][2], c).to(target.device, non_blocking=True)
+            return target, FULL, wire.checksum(target)
+        base = self._slice(self.base[c.name][2], c).to(target.device)  # blocking: the codec may run on its own stream
         stream = wire.delta_codec().encode(base.reshape(-1), target.reshape(-1), max_sms=self.max_sms)
+        cs = wire.stream_checksum(stream, target)  # the stream's header holds the target's checksum
         if _corrupt is not None:
             _corrupt(c.name, stream)
         return stream, DELTA, cs
@@ -361,6 +361,8 @@ class Receiver(_Engine):
                 delta.apply(d.reshape(-1), buf.to(d.device), max_sms=self.max_sms)
             except Exception as e:  # noqa: BLE001 - FormatError / BaseMismatch: a full resend follows
                 return f"{type(e).__name__}: {e}"
+            if wire.stream_checksum(buf, None) == cs:
+                return ""  # apply verified the rebuilt tensor against this checksum
         elif buf.data_ptr() != d.data_ptr():
             d.copy_(buf)
         got = wire.checksum(d)

@@ -22,7 +22,22 @@ def delta_codec():
 
 def checksum(t: torch.Tensor) -> int:
     """A 64-bit checksum of a contiguous tensor's bytes, the same on CPU and GPU, as a signed int64."""
-    h = _checksum(t) & (2**64 - 1)
+    return _signed(_checksum(t))
+
+
+def stream_checksum(stream: torch.Tensor, target) -> int:
+    """The target checksum a delta stream's header carries (signed), or target's own where the codec has no inspect."""
+    d = delta_codec()
+    if hasattr(d, "inspect"):
+        try:
+            return _signed(int(d.inspect(stream)["target_checksum"]))
+        except Exception:  # noqa: BLE001 - a damaged header: the checksum below decides
+            pass
+    return checksum(target) if target is not None else 0
+
+
+def _signed(h: int) -> int:
+    h &= 2**64 - 1
     return h - 2**64 if h >= 2**63 else h
 
 
