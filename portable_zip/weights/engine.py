@@ -9,7 +9,7 @@ the same bucket (a repair), and a repair that fails raises FormatError on
 every rank."""
 from __future__ import annotations
 
-import itertools
+import collections
 import numbers
 import time
 from typing import Callable, Iterable, Optional, Union
@@ -61,7 +61,8 @@ class _Engine:
             raise ValueError(f"bucket_bytes must be a positive int, got {bucket_bytes!r}")
         self.comm, self.bucket_bytes, self.keep_base = comm, int(bucket_bytes), keep_base
         self.delta, self.max_sms = bool(delta) and wire.delta_codec() is not None, max_sms
-        self.history: list = []  # one stats dict per part, newest last
+        self.history = collections.deque(maxlen=256)  # stats of the latest parts, newest last
+        self.parts = 0
 
     @property
     def stats(self) -> dict:
@@ -81,7 +82,7 @@ class _Engine:
             m["role"] == "send" for m in manifests) else 1
         part = P.plan_part(manifests, bucket)
         P.check_unwanted(part, manifests)
-        st = {"version": part.version, "part": len(self.history), "chunks": len(part.chunks),
+        st = {"version": part.version, "part": self.parts, "chunks": len(part.chunks),
               "buckets": len(part.buckets), "delta": 0, "full": 0, "repaired": 0, "sent_bytes": 0,
               "received_bytes": 0, "raw_bytes": 0, "fallbacks": [], "repairs": []}
         seen = set()
@@ -96,6 +97,8 @@ class _Engine:
         self._end(part)
         st["seconds"] = time.perf_counter() - t0
         self.history.append(st)
+        self._round.append(st)
+        self.parts += 1
         for r, names in part.taken.items():
             self._taken.setdefault(r, set()).update(names)
         if part.final:
@@ -205,7 +208,7 @@ class Sender(_Engine):
         tensors that are dim-0 shards of a larger tensor."""
         version = _check_version(version)
         it = iter(named_tensors.items() if isinstance(named_tensors, dict) else named_tensors)
-        start, done, self._taken = len(self.history), False, {}
+        done, self._taken, self._round = False, {}, []
         while True:
             part, size = [], 0
             for name, t in (() if done else it):
@@ -217,7 +220,7 @@ class Sender(_Engine):
                     break
             done = self.part_bytes is None or not part or size < self.part_bytes
             if self._send_part(part, version, done, shards).final:  # every sender's last part
-                return self.history[start:]
+                return self._round
 
     def _send_part(self, tensors, version, final, shards):
         self.tensors = dict(tensors)
@@ -293,7 +296,7 @@ class Receiver(_Engine):
         self.into = self.base if self.load else into
         self.shards = shards or {}
         wants = "all" if self.load else self._wants(into)
-        start, self._taken = len(self.history), {}
+        self._taken, self._round = {}, []
         try:
             while True:
                 held = {n: self._held(n) for n in self.base} if self.load else {}
@@ -303,7 +306,7 @@ class Receiver(_Engine):
                 for name in part.taken.get(self.comm.rank, ()):
                     self.held[name] = (part.version,)
                 if part.final:
-                    return self.history[start:]
+                    return self._round
         except BaseException:
             self.held.clear()  # what the buffers hold is unknown now: the next round syncs in full
             raise

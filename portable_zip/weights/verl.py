@@ -101,7 +101,7 @@ def engine_class(base=None):
             return _received(self.engine)
 
         def stats(self) -> list:
-            return self.engine.history if self.engine else []
+            return list(self.engine.history) if self.engine else []
 
     _classes[base] = PZCheckpointEngine
     return PZCheckpointEngine
