@@ -128,11 +128,29 @@ def state(numel, tensors, version, changed, device):
     return out
 
 
+def torch_baseline(rank, tensors, rounds):
+    """The same state as torch.distributed point-to-point sends, one batch per round."""
+    times = []
+    for _ in range(rounds):
+        dist.barrier()
+        t0 = time.perf_counter()
+        ops = [dist.P2POp(dist.isend if rank == 0 else dist.irecv, t, 1 - rank) for t in tensors.values()]
+        for w in dist.batch_isend_irecv(ops):
+            w.wait()
+        if next(iter(tensors.values())).is_cuda:
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return {"seconds_median": statistics.median(times), "seconds": times}
+
+
 def sync_worker(rank, world, numel, tensors, changed, rounds, device, transport):
     dev = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
     result = {}
     modes = [("raw full sync (compress=never)", "never", False), ("compressed full sync", "always", False),
              ("delta", "always", True)]
+    if not (device == "cuda" and dist.get_backend() == "gloo"):  # gloo moves no CUDA tensors
+        result["torch.distributed send/recv (uncompressed)"] = torch_baseline(
+            rank, state(numel, tensors, 0, changed, dev), rounds)
     for label, compress, delta in modes:
         comm = pz.Communicator(compress=compress, transport=transport, device=dev, timeout=600)
         versions = [state(numel, tensors, v, changed, dev) for v in range(2)]
