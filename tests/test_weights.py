@@ -130,10 +130,11 @@ def test_vllm_engine_through_the_stand_in(keep_base):
         assert reloads == ["start", "finish"] * 3
 
 
-@pytest.mark.parametrize("keep_base", ["cpu", None])
-def test_verl_engine_through_the_stand_in(keep_base):
-    """The verl adapter end to end against tests/fake_verl.py (verl's import needs ray, fastapi, torch pins)."""
-    res = ok(comm_harness.run(4, ww.verl_e2e, SEED, 3, keep_base, deadline=120))
+@pytest.mark.parametrize("keep_base,rebuild_group", [("cpu", False), (None, False), ("cpu", True)])
+def test_verl_engine_through_the_stand_in(keep_base, rebuild_group):
+    """The verl adapter end to end against tests/fake_verl.py (verl's import needs ray, fastapi, torch pins);
+    a group rebuilt every step keeps the kept base, so deltas continue."""
+    res = ok(comm_harness.run(4, ww.verl_e2e, SEED, 3, keep_base, rebuild_group, deadline=120))
     impl(res)
     deltas_after_first(res[0][1], keep_base)
     assert res[1][1] == [-1.0] * 3  # the second actor rank drained and sent nothing

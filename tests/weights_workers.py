@@ -387,7 +387,7 @@ def vllm_e2e(rank, world, seed, rounds, keep_base):
             return impl, (seen, list(fake_vllm.RELOADS))
 
 
-def verl_e2e(rank, world, seed, steps, keep_base):
+def verl_e2e(rank, world, seed, steps, keep_base, rebuild_group):
     """Ranks 0-1 are actor workers (rank 0 the master), 2-3 rollout workers;
     each step runs the CheckpointEngineManager's order (fake_verl) with the
     test's torch.distributed world standing in for Ray."""
@@ -404,7 +404,8 @@ def verl_e2e(rank, world, seed, steps, keep_base):
     pzverl.register()  # again: no error
     actors, rollouts = 2, world - 2
     actor = rank < actors
-    kw = {"bucket_size": 3000, "keep_base": keep_base, "compress": "always", "timeout": 30}
+    kw = {"bucket_size": 3000, "keep_base": keep_base, "compress": "always", "timeout": 30,
+          "rebuild_group": rebuild_group}
     eng = reg.new("portable_zip", is_master=rank == 0, **kw) if actor else reg.new("portable_zip", **kw)
     out = []
     for step in range(steps):

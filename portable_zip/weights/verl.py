@@ -17,6 +17,8 @@ import queue
 import threading
 from typing import Optional
 
+import torch
+
 from . import connect
 from .engine import Receiver, Sender
 
@@ -71,13 +73,16 @@ def engine_class(base=None):
                 connect.close(self.comm)
             self.where_key = key
             self.comm = connect.communicator(key[0], key[1], rank, world_size, **self.wire)
-            self.engine = (Sender(self.comm, bucket_bytes=self.bucket_size, part_bytes=self.bucket_size, **self.opts)
-                           if rank == 0 else Receiver(self.comm, **self.opts))
+            if self.engine is not None and (rank == 0) == isinstance(self.engine, Sender):
+                self.engine.comm = self.comm  # a rebuilt group: the kept base and held versions stay
+            else:
+                self.engine = (Sender(self.comm, bucket_bytes=self.bucket_size, part_bytes=self.bucket_size,
+                                      **self.opts) if rank == 0 else Receiver(self.comm, **self.opts))
 
         def finalize(self):
             if self.rebuild_group and self.comm is not None:
                 connect.close(self.comm)
-                self.comm = self.engine = None
+                self.comm = self.where = self.where_key = None  # next step: a fresh port
 
         async def send_weights(self, weights, global_steps: Optional[int] = None):
             """Actor rank 0 sends (in parts of bucket_size, so the generator's
@@ -88,7 +93,8 @@ def engine_class(base=None):
                 for _ in weights:
                     pass
                 return {}
-            stats = await asyncio.to_thread(self.engine.send, weights, version)
+            # On this thread: the generator's production may run collectives on the current device.
+            stats = self.engine.send(weights, version)
             return {"pz/delta_chunks": float(sum(p["delta"] for p in stats)),
                     "pz/full_chunks": float(sum(p["full"] for p in stats)),
                     "pz/sent_bytes": float(sum(p["sent_bytes"] for p in stats)),
@@ -114,6 +120,8 @@ async def _received(receiver):
 
     def run():
         try:
+            if receiver.comm.device.type == "cuda":
+                torch.cuda.set_device(receiver.comm.device)  # a new thread starts on device 0
             receiver.receive(lambda pairs: q.put(list(pairs)))
             q.put(end)
         except BaseException as e:  # noqa: BLE001 - re-raised in the consumer
