@@ -111,8 +111,12 @@ class _Engine:
         inc = [chunks[i] for i in ids if chunks[i].dst == rank]
         # 1. headers: [kind, payload bytes, target checksum] per chunk
         payloads, heads = [], {}
+        made = {}  # receivers at the same version share one stream (one-to-many: one encode, not N)
         for c in out:
-            pay, kind, cs = self._payload(part, c)
+            key = (c.name, c.g0, c.g1, c.delta)
+            if key not in made:
+                made[key] = self._payload(part, c)
+            pay, kind, cs = made[key]
             payloads.append((c, pay))
             heads.setdefault(c.dst, []).extend([kind, pay.numel() * pay.element_size(), cs])
         got = {}
