@@ -238,17 +238,9 @@ NB_MODULE(_C, m) {
     delta::Header h;
     const delta::Error e = delta::parse_header(static_cast<const uint8_t*>(head.data()), head.size(), stream_len, &h);
     if (e != delta::Error::Ok) throw FormatError(delta::error_text(e));
-    nb::dict d;
-    d["version"] = h.version;
-    d["dtype"] = static_cast<int>(h.dtype);
-    d["block_log2"] = h.block_log2;
-    d["total_bytes"] = h.total_bytes;
-    d["numel"] = h.numel;
-    d["changed"] = h.changed;
-    d["base_checksum"] = h.base_sum;
-    d["target_checksum"] = h.target_sum;
-    d["payload_bytes"] = h.payload_bytes;
-    return d;
+    // In delta.py's _HEADER_FIELDS order.
+    return nb::make_tuple(h.version, static_cast<int>(h.dtype), h.block_log2, h.total_bytes, h.numel, h.changed,
+                          h.base_sum, h.target_sum, h.payload_bytes);
   });
   m.attr("delta_header_bytes") = delta::kHeaderBytes;
   m.attr("delta_block_log2") = delta::kBlockLog2;

@@ -114,9 +114,14 @@ def encode(base: torch.Tensor, target: torch.Tensor, *, threads: Optional[int] =
     return out
 
 
+_HEADER_FIELDS = ("version", "dtype", "block_log2", "total_bytes", "numel", "changed", "base_checksum",
+                  "target_checksum", "payload_bytes")
+
+
 def _parse(stream: torch.Tensor) -> tuple:
+    """The header's bytes and fields, checked against the stream's length (FormatError)."""
     head = stream[:HEADER_BYTES].cpu().numpy().tobytes()
-    return head, _C.delta_parse_header(head, stream.numel())
+    return head, dict(zip(_HEADER_FIELDS, _C.delta_parse_header(head, stream.numel())))
 
 
 def inspect(stream: torch.Tensor) -> dict:

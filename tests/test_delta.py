@@ -280,6 +280,10 @@ def test_golden(name):
     want = (GOLDEN / f"{name}.pzd").read_bytes()
     assert pz.delta.encode(base, target).numpy().tobytes() == want
     assert ref_stream(base, target) == want
+    info = pz.delta.inspect(torch.frombuffer(bytearray(want), dtype=torch.uint8))
+    assert (info["version"], info["dtype"], info["numel"], info["bytes"]) == (1, dtype, base.numel(), len(want))
+    assert (info["base_checksum"], info["target_checksum"]) == (pz.delta.checksum(base), pz.delta.checksum(target))
+    assert info["changed"] == int((as_int(base) != as_int(target)).sum())
     got = base.clone()
     pz.delta.apply(got, torch.frombuffer(bytearray(want), dtype=torch.uint8))
     assert same_bits(got, target)

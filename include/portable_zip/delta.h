@@ -135,7 +135,12 @@ struct BitReader {
 
 PZ_HOST_DEVICE PZ_FORCE_INLINE int trailing_ones(uint32_t v) {
   const uint32_t z = ~v;
-  return z ? popc32((z & (0u - z)) - 1u) : 32;
+  if (!z) return 32;
+#if defined(PZ_DEVICE_COMPILE)
+  return ffs32(z) - 1;
+#else
+  return __builtin_ctz(z);  // one instruction (popcount is a libgcc call without -mpopcnt)
+#endif
 }
 
 // One Rice code; false when the value exceeds limit (corrupted bits).
