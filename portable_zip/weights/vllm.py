@@ -13,14 +13,16 @@ Trainer side: Trainer, which needs only vLLM's 4-method client protocol
 finish_weight_update), so it works with vLLM's HTTP and Ray clients.
 
 vLLM is imported lazily: this module imports without it. Select the engine
-with WeightTransferConfig(backend="portable_zip") after register() ran in
-every process (a vllm.general_plugins entry point does that)."""
+with WeightTransferConfig(backend="portable_zip"): portable_zip's package
+declares the vllm.general_plugins entry point (plugin()) that registers it in
+every vLLM process."""
 from __future__ import annotations
 
 import dataclasses
 import importlib
 import inspect
 import threading
+import warnings
 from typing import Iterable, Optional
 
 from . import connect
@@ -132,6 +134,18 @@ def register(factory=None, base=None) -> None:
     if BACKEND in getattr(factory, "_registry", {}):
         return
     factory.register_engine(BACKEND, engine_class(base))
+
+
+def plugin() -> None:
+    """The vllm.general_plugins entry point that portable_zip's own package
+    declares: vLLM runs it in every process. A vLLM without the 0.32+
+    weight-transfer API gets a warning and is otherwise left as it is (a
+    plugin that raises would stop vLLM from starting)."""
+    try:
+        register()
+    except (ImportError, AttributeError, RuntimeError) as e:
+        warnings.warn(f"portable_zip: weight-transfer backend {BACKEND!r} not registered with vLLM: {e}",
+                      RuntimeWarning, stacklevel=2)
 
 
 class Trainer:
