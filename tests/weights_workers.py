@@ -8,6 +8,7 @@ tests say which one ran."""
 import hashlib
 import os
 import struct
+import threading
 import time
 import types
 
@@ -135,7 +136,12 @@ def one_to_many(rank, world, seed, rounds, bucket_bytes):
     comm = pz.Communicator(compress="always", timeout=30)
     if rank == 0:
         s = engine.Sender(comm, bucket_bytes=bucket_bytes, keep_base="cpu")
+        coders, payload = [], s._payload
+        s._payload = lambda part, c: (coders.append(threading.current_thread().name), payload(part, c))[1]
         stats = [s.send(model(seed, v).items(), v) for v in range(rounds)]
+        # the first bucket is coded on the caller's thread, the next ones ahead on one more; none outlives a round
+        check(set(coders) == {threading.main_thread().name, "pz-weights-code_0"}, f"coded on {set(coders)}")
+        check(not [t for t in threading.enumerate() if t.name.startswith("pz-weights-code")], "a coder outlived send")
     else:
         r = engine.Receiver(comm)
         into = buffers()

@@ -10,6 +10,8 @@ every rank."""
 from __future__ import annotations
 
 import collections
+import concurrent.futures
+import contextlib
 import numbers
 import time
 from typing import Callable, Iterable, Optional, Union
@@ -92,8 +94,19 @@ class _Engine:
                 seen.add((c.dst, c.name, c.reason))
                 st["fallbacks"].append({"receiver": c.dst, "name": c.name, "reason": c.reason})
         self._begin(part)
-        for ids in part.buckets:
-            self._bucket(part, ids, st)
+        # A sender on the CPU codes bucket k+1 on a second thread while bucket k
+        # is on the wire (the codec releases the GIL): a round then takes about
+        # max(coding, transfer) per bucket rather than their sum. On a GPU the
+        # coding outruns any link, and stays on the caller's thread and stream.
+        ahead = self._overlaps(part)
+        pool = concurrent.futures.ThreadPoolExecutor(1, "pz-weights-code") if ahead else contextlib.nullcontext()
+        with pool:  # on an error, waits for the coding in flight (it reads the caller's tensors)
+            nxt = None
+            for k, ids in enumerate(part.buckets):
+                made = nxt.result() if nxt is not None else self._made(part, ids)
+                last = k + 1 == len(part.buckets)
+                nxt = None if last or not ahead else pool.submit(self._made, part, part.buckets[k + 1])
+                self._bucket(part, ids, st, made)
         self._end(part)
         st["seconds"] = time.perf_counter() - t0
         self.history.append(st)
@@ -105,18 +118,32 @@ class _Engine:
             P.check_round_end(manifests, self._taken)  # on every rank, senders too
         return part
 
-    def _bucket(self, part: P.Part, ids: list, st: dict) -> None:
-        comm, rank, chunks = self.comm, self.comm.rank, part.chunks
-        out = [chunks[i] for i in ids if chunks[i].src == rank]
-        inc = [chunks[i] for i in ids if chunks[i].dst == rank]
-        # 1. headers: [kind, payload bytes, target checksum] per chunk
-        payloads, heads = [], {}
-        made = {}  # receivers at the same version share one stream (one-to-many: one encode, not N)
-        for c in out:
+    def _outgoing(self, part: P.Part, ids: list) -> list:
+        return [part.chunks[i] for i in ids if part.chunks[i].src == self.comm.rank]
+
+    def _overlaps(self, part: P.Part) -> bool:
+        """Whether this rank codes its next bucket while the current one moves."""
+        out = [c for ids in part.buckets[1:] for c in self._outgoing(part, ids)]
+        return bool(out) and all(self._full(c).device.type == "cpu" for c in out)
+
+    def _made(self, part: P.Part, ids: list) -> dict:
+        """This rank's payloads in a bucket, by (name, rows, kind): receivers at
+        the same version share one stream (one-to-many: one encode, not N)."""
+        made = {}
+        for c in self._outgoing(part, ids):
             key = (c.name, c.g0, c.g1, c.delta)
             if key not in made:
                 made[key] = self._payload(part, c)
-            pay, kind, cs = made[key]
+        return made
+
+    def _bucket(self, part: P.Part, ids: list, st: dict, made: dict) -> None:
+        comm, rank, chunks = self.comm, self.comm.rank, part.chunks
+        out = self._outgoing(part, ids)
+        inc = [chunks[i] for i in ids if chunks[i].dst == rank]
+        # 1. headers: [kind, payload bytes, target checksum] per chunk
+        payloads, heads = [], {}
+        for c in out:
+            pay, kind, cs = made[(c.name, c.g0, c.g1, c.delta)]
             payloads.append((c, pay))
             heads.setdefault(c.dst, []).extend([kind, pay.numel() * pay.element_size(), cs])
         got = {}
