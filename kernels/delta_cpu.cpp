@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <algorithm>
 #include <atomic>
 #include <string>
 #include <vector>
@@ -58,84 +59,119 @@ uint64_t checksum(const uint8_t* p, uint64_t nbytes, int threads) {
   return delta::finish_checksum(lo, hi, nbytes);
 }
 
-// f(i, zigzag) for each changed element of a block, in order; 32-byte runs
-// with no change (most of them, at a small learning rate) skipped whole.
-template <class T, class F>
-PZ_FORCE_INLINE void for_changes(const T* b, const T* t, uint32_t n, int w, F&& f) {
+// A block's changed elements in one pass: positions and zigzag values, in
+// order. 32-byte runs with no change (most of them at a small learning rate)
+// are skipped whole; in the others a bit mask of the changes is walked.
+template <class T>
+PZ_FORCE_INLINE uint32_t collect(const T* b, const T* t, uint32_t n, int w, uint16_t* pos, uint32_t* z) {
   constexpr uint32_t kRun = 32 / sizeof(T);
-  uint32_t i = 0;
+  uint32_t c = 0, i = 0;
   for (; i + kRun <= n; i += kRun) {
     uint64_t x[4], y[4];
     memcpy(x, b + i, 32);
     memcpy(y, t + i, 32);
     if (((x[0] ^ y[0]) | (x[1] ^ y[1]) | (x[2] ^ y[2]) | (x[3] ^ y[3])) == 0) continue;
-    for (uint32_t j = i; j < i + kRun; ++j)
-      if (b[j] != t[j]) f(j, delta::delta_zigzag(b[j], t[j], w));
+    uint32_t m = 0;
+    for (uint32_t j = 0; j < kRun; ++j) m |= static_cast<uint32_t>(b[i + j] != t[i + j]) << j;
+    for (; m; m &= m - 1) {
+      const uint32_t j = i + static_cast<uint32_t>(__builtin_ctz(m));
+      pos[c] = static_cast<uint16_t>(j), z[c++] = delta::delta_zigzag(b[j], t[j], w);
+    }
   }
   for (; i < n; ++i)
-    if (b[i] != t[i]) f(i, delta::delta_zigzag(b[i], t[i], w));
+    if (b[i] != t[i]) pos[c] = static_cast<uint16_t>(i), z[c++] = delta::delta_zigzag(b[i], t[i], w);
+  return c;
 }
 
-// The block's entry: count, parameters from the sums, and payload size.
+// LSB-first bits into little-endian 32-bit words through a 64-bit
+// accumulator: the bytes delta::put_rice ORs into zeroed words, a word
+// stored once instead of read and rewritten per code.
+struct BitSink {
+  uint8_t* p;
+  uint64_t acc = 0;
+  int n = 0;
+  PZ_FORCE_INLINE void put(uint32_t v, int bits) {  // v < 2^bits, bits <= 32
+    acc |= static_cast<uint64_t>(v) << n;
+    n += bits;
+    if (n >= 32) fmt::put_u32(p, static_cast<uint32_t>(acc)), p += 4, acc >>= 32, n -= 32;
+  }
+  PZ_FORCE_INLINE void rice(uint32_t x, int k, int raw) {
+    const uint32_t q = x >> k;
+    if (q < delta::kEscapeOnes) {
+      put((1u << q) - 1u, static_cast<int>(q) + 1);
+      put(x & delta::low_mask(k), k);
+    } else {
+      put(delta::low_mask(delta::kEscapeOnes), delta::kEscapeOnes);
+      put(x, raw);
+    }
+  }
+  void flush() {
+    if (n) fmt::put_u32(p, static_cast<uint32_t>(acc));
+  }
+};
+
+// Codes one block, appending its payload to out; returns its table entry.
+// pos and z: room for the block's elements.
 template <class T>
-Entry plan_block(const T* b, const T* t, uint32_t n, int log2, int w) {
-  uint32_t c = 0, last = 0;
-  uint64_t sv = 0;
-  for_changes(b, t, n, w, [&](uint32_t i, uint32_t z) { ++c, last = i, sv += z - 1u; });
+Entry code_block(const T* b, const T* t, uint32_t n, int log2, int w, uint16_t* pos, uint32_t* z,
+                 std::vector<uint8_t>* out) {
+  const uint32_t c = collect(b, t, n, w, pos, z);
   Entry e{0, c, 0, 0};
   if (!c) return e;
-  e.k_gap = delta::choose_k(last + 1 - c, c, log2);
+  uint64_t sv = 0;
+  for (uint32_t i = 0; i < c; ++i) sv += z[i] - 1u;
+  e.k_gap = delta::choose_k(pos[c - 1] + 1u - c, c, log2);  // the gaps sum to last + 1 - count
   e.k_value = delta::choose_k(sv, c, w);
   uint64_t bits = 0;
-  uint32_t next = 0;
-  for_changes(b, t, n, w, [&](uint32_t i, uint32_t z) {
-    bits += delta::element_bits(i - next, z, e, log2, w);
-    next = i + 1;
-  });
+  for (uint32_t i = 0, next = 0; i < c; next = pos[i] + 1u, ++i)
+    bits += delta::element_bits(pos[i] - next, z[i], e, log2, w);
   e.bytes = static_cast<uint32_t>(4 * ((bits + 31) / 32));
+  const size_t at = out->size();
+  out->resize(at + e.bytes);
+  BitSink sink{out->data() + at};
+  for (uint32_t i = 0, next = 0; i < c; next = pos[i] + 1u, ++i) {
+    sink.rice(pos[i] - next, e.k_gap, log2);
+    sink.rice(z[i] - 1u, e.k_value, w);
+  }
+  sink.flush();
   return e;
 }
 
-template <class T>
-void write_block(const T* b, const T* t, uint32_t n, const Entry& e, int log2, int w, uint8_t* out) {
-  memset(out, 0, e.bytes);
-  auto or_word = [out](uint64_t k, uint32_t v) { fmt::put_u32(out + 4 * k, fmt::get_u32(out + 4 * k) | v); };
-  uint64_t bit = 0;
-  uint32_t next = 0;
-  for_changes(b, t, n, w, [&](uint32_t i, uint32_t z) {
-    bit = delta::put_rice(or_word, bit, i - next, e.k_gap, log2);
-    bit = delta::put_rice(or_word, bit, z - 1u, e.k_value, w);
-    next = i + 1;
-  });
-}
-
+// One pass over the data: each thread codes its run of blocks, in order, into
+// its own buffer; the buffers, in thread order, are the payload.
 template <class T>
 uint8_t* encode(const T* base, const T* target, fmt::DType d, uint64_t numel, int threads, uint64_t* total) {
   const int log2 = delta::kBlockLog2, w = delta::width_bits(d);
   const uint64_t nb = delta::num_blocks(numel, log2);
   std::vector<Entry> entries(nb);
-  cpu::parallel_for(nb, threads, [&](int, uint64_t lo, uint64_t hi) {
+  // cpu::parallel_for's thread count: thread t gets the t-th run of blocks.
+  const uint64_t nt = std::max<uint64_t>(1, std::min<uint64_t>(nb, static_cast<uint64_t>(std::max(1, threads))));
+  std::vector<std::vector<uint8_t>> parts(nt);
+  cpu::parallel_for(nb, threads, [&](int th, uint64_t lo, uint64_t hi) {
+    std::vector<uint16_t> pos(1u << log2);
+    std::vector<uint32_t> z(1u << log2);
     for (uint64_t k = lo; k < hi; ++k)
-      entries[k] = plan_block(base + (k << log2), target + (k << log2), delta::block_elems(numel, log2, k), log2, w);
+      entries[k] = code_block(base + (k << log2), target + (k << log2), delta::block_elems(numel, log2, k), log2, w,
+                              pos.data(), z.data(), &parts[th]);
   });
-  std::vector<uint64_t> offsets(nb + 1, delta::payload_begin(nb));
   delta::Header h;
   h.dtype = d;
   h.numel = numel;
-  for (uint64_t k = 0; k < nb; ++k) offsets[k + 1] = offsets[k] + entries[k].bytes, h.changed += entries[k].count;
-  h.total_bytes = offsets[nb];
-  h.payload_bytes = h.total_bytes - offsets[0];
+  h.total_bytes = delta::payload_begin(nb);
+  for (uint64_t k = 0; k < nb; ++k) h.changed += entries[k].count;
+  std::vector<uint64_t> at(nt + 1, h.total_bytes);
+  for (uint64_t t = 0; t < nt; ++t) at[t + 1] = at[t] + parts[t].size();
+  h.total_bytes = at[nt];
+  h.payload_bytes = h.total_bytes - delta::payload_begin(nb);
   uint8_t* out = static_cast<uint8_t*>(malloc(h.total_bytes));
   if (!out) {
     set_last_error("delta encode: allocating the stream failed", std::to_string(h.total_bytes).c_str());
     return nullptr;
   }
-  cpu::parallel_for(nb, threads, [&](int, uint64_t lo, uint64_t hi) {
-    for (uint64_t k = lo; k < hi; ++k) {
-      delta::put_entry(out + delta::kHeaderBytes + delta::kEntryBytes * k, entries[k]);
-      write_block(base + (k << log2), target + (k << log2), delta::block_elems(numel, log2, k), entries[k], log2, w,
-                  out + offsets[k]);
-    }
+  for (uint64_t k = 0; k < nb; ++k) delta::put_entry(out + delta::kHeaderBytes + delta::kEntryBytes * k, entries[k]);
+  cpu::parallel_for(nt, threads, [&](int, uint64_t lo, uint64_t hi) {
+    for (uint64_t t = lo; t < hi; ++t)
+      if (!parts[t].empty()) memcpy(out + at[t], parts[t].data(), parts[t].size());
   });
   const uint64_t nbytes = numel * sizeof(T);
   h.base_sum = checksum(reinterpret_cast<const uint8_t*>(base), nbytes, threads);
