@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -138,7 +139,10 @@ Entry code_block(const T* b, const T* t, uint32_t n, int log2, int w, uint16_t* 
 }
 
 // One pass over the data: each thread codes its run of blocks, in order, into
-// its own buffer; the buffers, in thread order, are the payload.
+// its own buffer; the buffers, in thread order, are the payload (so the
+// split must be cpu::parallel_for's: contiguous runs, ascending by thread).
+// Transient memory: the buffers (up to twice the payload as they grow) and
+// the stream.
 template <class T>
 uint8_t* encode(const T* base, const T* target, fmt::DType d, uint64_t numel, int threads, uint64_t* total) {
   const int log2 = delta::kBlockLog2, w = delta::width_bits(d);
@@ -147,13 +151,22 @@ uint8_t* encode(const T* base, const T* target, fmt::DType d, uint64_t numel, in
   // cpu::parallel_for's thread count: thread t gets the t-th run of blocks.
   const uint64_t nt = std::max<uint64_t>(1, std::min<uint64_t>(nb, static_cast<uint64_t>(std::max(1, threads))));
   std::vector<std::vector<uint8_t>> parts(nt);
+  std::atomic<bool> no_memory{false};
   cpu::parallel_for(nb, threads, [&](int th, uint64_t lo, uint64_t hi) {
-    std::vector<uint16_t> pos(1u << log2);
-    std::vector<uint32_t> z(1u << log2);
-    for (uint64_t k = lo; k < hi; ++k)
-      entries[k] = code_block(base + (k << log2), target + (k << log2), delta::block_elems(numel, log2, k), log2, w,
-                              pos.data(), z.data(), &parts[th]);
+    try {  // an exception must not leave a worker thread (std::terminate): it becomes this call's error
+      std::vector<uint16_t> pos(1u << log2);
+      std::vector<uint32_t> z(1u << log2);
+      for (uint64_t k = lo; k < hi && !no_memory.load(std::memory_order_relaxed); ++k)
+        entries[k] = code_block(base + (k << log2), target + (k << log2), delta::block_elems(numel, log2, k), log2,
+                                w, pos.data(), z.data(), &parts[th]);
+    } catch (const std::bad_alloc&) {
+      no_memory = true;
+    }
   });
+  if (no_memory) {
+    set_last_error("delta encode: out of memory for the coded blocks", std::to_string(numel).c_str());
+    return nullptr;
+  }
   delta::Header h;
   h.dtype = d;
   h.numel = numel;

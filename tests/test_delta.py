@@ -3,6 +3,7 @@ Round trips on fresh inputs, exhaustive small dtypes, the independent
 reference writer (tests/golden/delta/reference.py), goldens, and every error
 path: a damaged stream or a wrong base never changes the base."""
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -262,6 +263,28 @@ def test_bad_arguments():
         pz.delta.inspect(torch.zeros(10, dtype=torch.uint8))
     with pytest.raises(pz.FormatError, match="magic"):
         pz.delta.inspect(pz.compress(x))
+
+
+def test_out_of_memory_raises():
+    """Memory running out while blocks are coded (on the caller's thread or a
+    worker) is an error of the call, never an abort of the process."""
+    code = """
+import resource, torch, portable_zip as pz
+g = torch.Generator().manual_seed(1)
+b, t = (torch.randint(-2**31, 2**31 - 1, (1 << 24,), dtype=torch.int32, generator=g).view(torch.float32)
+        for _ in range(2))
+vm = int(open('/proc/self/status').read().split('VmSize:')[1].split()[0]) << 10
+resource.setrlimit(resource.RLIMIT_AS, (vm + (60 << 20), resource.RLIM_INFINITY))  # random fp32: a ~67 MB stream
+for threads in (1, 2):
+    try:
+        pz.delta.encode(b, t, threads=threads)
+        print('encoded')
+    except RuntimeError as e:
+        print('raised:', e)
+"""
+    p = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.count("raised: delta encode: out of memory") == 2, p.stdout
 
 
 GOLDEN_CASES = sorted(p.stem for p in GOLDEN.glob("*.pzd"))

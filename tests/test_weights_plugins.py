@@ -13,7 +13,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 def _run(code: str) -> str:
     p = subprocess.run([sys.executable, "-W", "always", "-c", code], cwd=HERE, capture_output=True, text=True,
-                       timeout=120, env={**os.environ, "PYTHONPATH": HERE})
+                       timeout=120, env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [HERE, os.environ.get("PYTHONPATH")]))})
     assert p.returncode == 0, p.stdout + p.stderr
     return p.stdout + p.stderr
 
