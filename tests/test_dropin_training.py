@@ -13,8 +13,8 @@ each under PZ_CHECK_PLANS=1. After every step:
 - against the same program on plain gloo: bit-identical where every
   reduction adds two terms (2 ranks, the 2x2 mesh) and for the pipeline
   (send/recv only); with three terms (3-rank DDP) the rank order rounds
-  differently, so tests/test_hooks.py's tolerance applies: the first step
-  within 1e-6, losses within 1e-5 relative, parameters within 1e-4 relative
+  differently, so tests/test_hooks.py's tolerance applies: all but 1 in
+  10^4 values of the first step within 1e-6, losses within 1e-5 relative, parameters within 1e-4 relative
   L2 distance. compress="auto" is held to the same, as it may run gloo's
   own reduction for some sizes.
 """

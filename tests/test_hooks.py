@@ -9,8 +9,9 @@ against the same run without hooks:
   division by 2 is exact, so pz and torch agree to the bit;
 - with three or four terms pz's rank order and gloo's order round
   differently (an ulp of the gradient). AdamW's first update from identical
-  parameters then differs by at most 1e-6 (an ulp or two of the parameters);
-  later, Adam's division by sqrt(v) amplifies ulp differences of near-zero
+  parameters then differs by at most 1e-6 (an ulp or two of the parameters)
+  except where a gradient's terms nearly cancel: at most 1 value in 10^4
+  (measured: 1-3 of 117,504 on one 2-core VM, none on another); later, Adam's division by sqrt(v) amplifies ulp differences of near-zero
   gradients and they compound, so the check is the losses (to 1e-5
   relative) and the parameters (relative L2 distance at most 1e-4; measured
   1.4e-5 after 20 steps at 3 ranks).
@@ -62,8 +63,13 @@ def _check_stats(run: Run, stats: dict):
 
 
 def _close(plain: dict, hooked: dict):
-    first = np.abs(plain["values"][0] - hooked["values"][0]).max()
-    assert first <= 1e-6, f"first step: max |difference| {first}"
+    # Another order of a 3-term sum rounds differently; AdamW's first step
+    # (lr times about g/|g|) magnifies that only where the terms nearly cancel
+    # (|g| near eps): a handful of values, which ones depends on the CPU's
+    # kernels. Wrong data moves most values by about lr (3e-3).
+    d = np.abs(plain["values"][0] - hooked["values"][0])
+    off = int((d > 1e-6).sum())
+    assert off <= d.size // 10_000, f"first step: {off} of {d.size} values differ by > 1e-6 (max {d.max()})"
     np.testing.assert_allclose(hooked["losses"], plain["losses"], rtol=1e-5)
     for step, (a, b) in enumerate(zip(plain["values"], hooked["values"])):
         rel = np.linalg.norm(a - b) / np.linalg.norm(a)
