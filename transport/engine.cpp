@@ -835,16 +835,18 @@ void Engine::teardown() {
   // Closing an endpoint whose peer died with transfers in flight crashes
   // inside rxm (its close flushes completions that name the dead
   // connection; seen with the peer's death noticed first by the watch, the
-  // connection not yet torn, and with it torn). So after any failure, a torn
-  // connection, a peer gone, or transfers still posted, the endpoints (and
+  // connection not yet torn, and with it torn). So while any transfer is
+  // still posted, or after an error on a torn connection, the endpoints (and
   // their queues, vectors, domains) are left open: rxm moves data only
   // inside our calls (manual progress), so none moves any more. A leak per
-  // failed engine; a clean close closes everything.
-  bool keep = torn_.load() || wire_failed_.load() || gone_.load() >= 0;
+  // such engine. With nothing posted the endpoints close, also when a peer
+  // has gone (its close or its death tears the connection and the watch
+  // tells of it: the common end of a clean job, and of a failed setup).
+  bool keep = false;
   for (const auto& r : rails_) keep = keep || r.outstanding.load() > 0;
   {
     std::lock_guard<std::mutex> g(mu_);
-    keep = keep || !error_.empty();
+    keep = keep || (torn_.load() && !error_.empty());
   }
   for (auto& r : rails_) {  // no posted operation outlives this: the provider cancels them
     if (r.ep && !keep) fi_close(&r.ep->fid);
