@@ -15,12 +15,18 @@ the values (default: the median fraction measured at the largest lr in
 part 1) by one unit in the last place. Seconds per round: uncompressed full
 sync (compress="never"), compressed full sync, and delta.
 
-    python bench/weight_sync.py [--device cpu|cuda] [--steps 10] [--state-gib 1] [--json bench/results/x.json]
+    python -P bench/weight_sync.py [--device cpu|cuda] [--steps 10] [--state-gib 1] [--json bench/results/x.json]
+    python -P bench/weight_sync.py --link netns --gbit 1     part 2 between two network namespaces over a
+                                                             shaped link (root; portable_zip/netns.py)
 
 --device cuda: NCCL between two GPUs, or with one GPU two ranks over the
-fabric (transport="fabric"), as --transport says.
+fabric (transport="fabric"), as --transport says. The summary checks the
+issue's targets: delta >= 20x fewer bytes than raw at lr 1e-6 and >= 5x at
+1e-5, compressed >= 1.45x, and a delta sync >= 4x faster than the
+uncompressed torch.distributed send of the same state.
 """
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -34,6 +40,7 @@ from pzbench.comm import spawn  # noqa: E402
 from pzbench.common import report  # noqa: E402
 
 import portable_zip as pz  # noqa: E402
+from portable_zip import netns  # noqa: E402
 from portable_zip.weights import Receiver, Sender, wire  # noqa: E402
 
 
@@ -180,6 +187,52 @@ def sync_worker(rank, world, numel, tensors, changed, rounds, device, transport)
     return result
 
 
+def link_worker(spec: str) -> None:
+    """One rank on the shaped link (started by netns_link.on_link with
+    torch's env:// variables): part 2 on the CPU, the result to netns.report."""
+    from datetime import timedelta
+    a = json.loads(spec)
+    dist.init_process_group("gloo", init_method="env://", timeout=timedelta(seconds=900))
+    rank = dist.get_rank()
+    torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
+    res = sync_worker(rank, 2, a["numel"], a["tensors"], a["changed"], a["rounds"], "cpu", a["transport"])
+    dist.barrier()
+    dist.destroy_process_group()
+    netns.report({"rank": rank, "result": res})
+
+
+def sync_summary(sync: dict) -> dict:
+    """Seconds per round and speed-ups against the uncompressed sends (rank 1: the receiver's view)."""
+    rows = sync["rank1"]
+    t = {k: v["seconds_median"] for k, v in rows.items()}
+    base = t.get("torch.distributed send/recv (uncompressed)", t["raw full sync (compress=never)"])
+    out = {"seconds": t, "state_bytes": sync["state_bytes"],
+           "delta_speedup_vs_uncompressed": base / t["delta"],
+           "compressed_speedup_vs_uncompressed": base / t["compressed full sync"],
+           "delta_engine_bytes": sync["rank0"]["delta"]["engine_bytes_sent"],
+           "compressed_engine_bytes": sync["rank0"]["compressed full sync"]["engine_bytes_sent"]}
+    out["target_delta_4x"] = out["delta_speedup_vs_uncompressed"] >= 4.0
+    return out
+
+
+def codec_summary(codec: dict) -> dict:
+    """Per lr: median changed fraction and byte ratios, with the issue's targets."""
+    out = {}
+    for lr, rows in codec.items():
+        med = {k: statistics.median(r[k] for r in rows) for k in ("changed_fraction", "raw_over_compressed")}
+        if "raw_over_delta" in rows[0]:
+            med["raw_over_delta"] = statistics.median(r["raw_over_delta"] for r in rows)
+            med["raw_over_delta_min"] = min(r["raw_over_delta"] for r in rows)
+            goal = 20.0 if float(lr) <= 1e-6 else 5.0
+            med["target_delta"] = goal
+            med["meets_delta_target_every_step"] = med["raw_over_delta_min"] >= goal
+        med["meets_compressed_1_45x"] = min(r["raw_over_compressed"] for r in rows) >= 1.45
+        for k in [k for k in rows[0] if k.startswith("delta_encode_s_") or k.startswith("delta_apply_s_")]:
+            med[k.replace("_s_", "_GBps_")] = statistics.median(r["raw_bytes"] / r[k] / 1e9 for r in rows)
+        out[lr] = med
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
@@ -191,27 +244,51 @@ def main():
     ap.add_argument("--changed", type=float, default=None)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--skip-sync", action="store_true")
+    ap.add_argument("--link", default="local", choices=["local", "netns"],
+                    help="part 2: local processes, or two network namespaces over a shaped link (CPU, root)")
+    ap.add_argument("--gbit", type=float, default=1.0, help="--link netns: the link's rate")
     ap.add_argument("--json", default=None, help="write the result here (bench/results/..., by the lead)")
+    ap.add_argument("--link-worker", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.link_worker:
+        link_worker(a.link_worker)
+        return
+    if a.link == "netns" and a.device != "cpu":
+        ap.error("--link netns runs its ranks on the CPU")
     lrs = [float(x) for x in a.lrs.split(",")]
     codec = {str(lr): codec_rows(lr, a.steps, seed=0) for lr in lrs}
-    result = {"delta_codec": wire.delta_codec() is not None, "codec": codec}
+    result = {"delta_codec": wire.delta_codec() is not None, "codec_summary": codec_summary(codec), "codec": codec}
+    print(json.dumps(result["codec_summary"], indent=1), flush=True)
     if not a.skip_sync:
         changed = a.changed if a.changed is not None else statistics.median(
             r["changed_fraction"] for r in codec[str(max(lrs))])
         numel = int(a.state_gib * (1 << 30)) // 2 // a.tensors * a.tensors
         transport = a.transport or ("fabric" if a.device == "cuda" and torch.cuda.device_count() < 2 else "torch")
         backend = "nccl" if a.device == "cuda" and transport == "torch" else "gloo"
-        env = {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 2) // 2))}
-        from harness.ranks import run_ranks
-        res = run_ranks(2, sync_worker, numel, a.tensors, changed, a.rounds, a.device, transport, env=env,
-                        backend=backend, deadline=3000)
-        bad = {r: v for r, v in res.items() if v[0] != "ok"}
-        if bad:
-            raise RuntimeError(f"sync workers failed: {bad}")
-        result["sync"] = {"state_bytes": 2 * numel, "tensors": a.tensors, "changed_fraction": changed,
-                          "device": a.device, "transport": transport, "backend": backend,
-                          "rank0": res[0][1], "rank1": res[1][1]}
+        sync = {"state_bytes": 2 * numel, "tensors": a.tensors, "changed_fraction": changed,
+                "device": a.device, "transport": transport, "backend": backend}
+        if a.link == "netns":
+            why = netns.unavailable()
+            if why:
+                sys.exit(f"bench/weight_sync.py: no shaped link here: {why}")
+            from netns_link import on_link
+            spec = json.dumps({"numel": numel, "tensors": a.tensors, "changed": changed, "rounds": a.rounds,
+                               "transport": transport})
+            desc, limit, ranks = on_link(a.gbit, [sys.executable, "-P", os.path.abspath(__file__),
+                                                  "--link-worker", spec], timeout=3000)
+            sync.update(link=desc, limit=limit, rank0=ranks[0]["result"], rank1=ranks[1]["result"])
+        else:
+            env = {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 2) // 2))}
+            from harness.ranks import run_ranks
+            res = run_ranks(2, sync_worker, numel, a.tensors, changed, a.rounds, a.device, transport, env=env,
+                            backend=backend, deadline=3000)
+            bad = {r: v for r, v in res.items() if v[0] != "ok"}
+            if bad:
+                raise RuntimeError(f"sync workers failed: {bad}")
+            sync.update(link="local", rank0=res[0][1], rank1=res[1][1])
+        sync["summary"] = sync_summary(sync)
+        print(json.dumps(sync["summary"], indent=1), flush=True)
+        result["sync"] = sync
     report(result, a.json)
 
 
