@@ -266,13 +266,17 @@ class Sender(_Engine):
             entries.append({"name": name, "dtype": str(t.dtype), "shape": shape, "row0": row0, "rows": rows,
                             "base_version": base[0] if ok else None, "base_checksum": base[3] if ok else None})
         self.row0 = {e["name"]: e["row0"] for e in entries}
+        self._sums = {}  # (name, g0, g1) -> the checksum of those rows, as the part's payloads computed it
         man = {"role": "send", "version": version, "final": final, "delta": self.delta,
                "bucket_bytes": self.bucket_bytes, "tensors": entries}
         part = self._run_part(man)
         if self.keep_base is not None and self.delta:
             for name, t in tensors:
-                old = self.base.get(name)
-                self.base[name] = (version, self.row0[name], self._keep(t, old[2] if old else None), wire.checksum(t))
+                old, r0 = self.base.get(name), self.row0[name]
+                # a chunk of the whole tensor already has its checksum: no second pass over it
+                cs = self._sums.get((name, r0, r0 + (P.rows_of(t.shape)[0] if t.dim() else 1)))
+                self.base[name] = (version, r0, self._keep(t, old[2] if old else None),
+                                   wire.checksum(t) if cs is None else cs)
         self.tensors = {}
         return part
 
@@ -286,10 +290,11 @@ class Sender(_Engine):
     def _payload(self, part, c):
         target = self._full(c)
         if not c.delta:
-            return target, FULL, wire.checksum(target)
+            cs = self._sums[(c.name, c.g0, c.g1)] = wire.checksum(target)
+            return target, FULL, cs
         base = self._slice(self.base[c.name][2], c).to(target.device)  # blocking: the codec may run on its own stream
         stream = wire.delta_codec().encode(base.reshape(-1), target.reshape(-1), max_sms=self.max_sms)
-        cs = wire.stream_checksum(stream, target)  # the stream's header holds the target's checksum
+        cs = self._sums[(c.name, c.g0, c.g1)] = wire.stream_checksum(stream, target)  # from the stream's header
         if _corrupt is not None:
             _corrupt(c.name, stream)
         return stream, DELTA, cs
