@@ -34,11 +34,15 @@ constexpr uint64_t kMaxBaseBytes = 1ull << 20;  // larger numels only slow the r
   abort();
 }
 
+// The body is what the header's total names: a stream may sit in a longer
+// buffer (apply accepts trailing bytes and does not read them).
 void resign(std::vector<uint8_t>& s, uint64_t base_sum, uint64_t target_sum) {
   fmt::put_u64(s.data() + 32, base_sum);
   fmt::put_u64(s.data() + 40, target_sum);
+  const uint64_t total = fmt::get_u64(s.data() + delta::kTotalOffset);
+  const uint64_t end = total >= delta::kHeaderBytes && total < s.size() ? total : s.size();
   fmt::put_u32(s.data() + delta::kBodySumOffset,
-               delta::body_checksum(cpu_delta_checksum(s.data() + delta::kHeaderBytes, s.size() - delta::kHeaderBytes, 1)));
+               delta::body_checksum(cpu_delta_checksum(s.data() + delta::kHeaderBytes, end - delta::kHeaderBytes, 1)));
   fmt::put_u32(s.data() + delta::kHeaderSumOffset, delta::header_checksum(s.data()));
 }
 
