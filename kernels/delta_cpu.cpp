@@ -148,8 +148,7 @@ uint8_t* encode(const T* base, const T* target, fmt::DType d, uint64_t numel, in
   const int log2 = delta::kBlockLog2, w = delta::width_bits(d);
   const uint64_t nb = delta::num_blocks(numel, log2);
   std::vector<Entry> entries(nb);
-  // cpu::parallel_for's thread count: thread t gets the t-th run of blocks.
-  const uint64_t nt = std::max<uint64_t>(1, std::min<uint64_t>(nb, static_cast<uint64_t>(std::max(1, threads))));
+  const uint64_t nt = cpu::thread_count(nb, threads);
   std::vector<std::vector<uint8_t>> parts(nt);
   std::atomic<bool> no_memory{false};
   cpu::parallel_for(nb, threads, [&](int th, uint64_t lo, uint64_t hi) {

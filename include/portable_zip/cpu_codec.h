@@ -607,9 +607,16 @@ uint32_t decode_pair(const uint8_t* stream, const fmt::Header& h, const fmt::Lay
 #endif
 }
 
+// The threads parallel_for(count, threads, f) runs: thread t gets the t-th
+// contiguous run of [0, count), ascending (callers that keep per-thread
+// output in run order size it by this).
+inline int thread_count(uint64_t count, int threads) {
+  return static_cast<int>(std::max<uint64_t>(1, std::min<uint64_t>(count, static_cast<uint64_t>(std::max(1, threads)))));
+}
+
 template <class F>
 void parallel_for(uint64_t count, int threads, F&& f) {
-  threads = static_cast<int>(std::max<uint64_t>(1, std::min<uint64_t>(count, static_cast<uint64_t>(std::max(1, threads)))));
+  threads = thread_count(count, threads);
   if (threads == 1) {
     f(0, 0, count);
     return;
@@ -646,7 +653,7 @@ inline uint64_t compress(const uint8_t* in, fmt::Header h, uint8_t* out, int thr
   // range. The threads' runs then move down into place, in thread order (a
   // run's new place may overlap its old one, never a later run's).
   const uint64_t seg_cap = fmt::max_segment_bytes(1ull << h.block_log2);
-  const int nthreads = static_cast<int>(std::max<uint64_t>(1, std::min<uint64_t>(l.nblocks, std::max(1, threads))));
+  const int nthreads = thread_count(l.nblocks, threads);
   std::vector<uint64_t> sizes(l.nblocks), run_lo(nthreads, 0), run_bytes(nthreads, 0);
   uint8_t* coded = out + l.coded_begin;
   parallel_for(l.nblocks, nthreads, [&](int t, uint64_t lo, uint64_t hi) {

@@ -271,10 +271,10 @@ class Sender(_Engine):
                "bucket_bytes": self.bucket_bytes, "tensors": entries}
         part = self._run_part(man)
         if self.keep_base is not None and self.delta:
-            for name, t in tensors:
-                old, r0 = self.base.get(name), self.row0[name]
+            for (name, t), e in zip(tensors, entries):
+                old, r0 = self.base.get(name), e["row0"]
                 # a chunk of the whole tensor already has its checksum: no second pass over it
-                cs = self._sums.get((name, r0, r0 + (P.rows_of(t.shape)[0] if t.dim() else 1)))
+                cs = self._sums.get((name, r0, r0 + e["rows"]))
                 self.base[name] = (version, r0, self._keep(t, old[2] if old else None),
                                    wire.checksum(t) if cs is None else cs)
         self.tensors = {}
