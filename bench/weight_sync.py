@@ -17,7 +17,9 @@ sync (compress="never"), compressed full sync, and delta.
 
     python -P bench/weight_sync.py [--device cpu|cuda] [--steps 10] [--state-gib 1] [--json bench/results/x.json]
     python -P bench/weight_sync.py --link netns --gbit 1     part 2 between two network namespaces over a
-                                                             shaped link (root; portable_zip/netns.py)
+                                                             shaped link (root; portable_zip/netns.py); with
+                                                             --device cuda both ranks share the one GPU, over
+                                                             the fabric bound to the link
 
 --device cuda: NCCL between two GPUs, or with one GPU two ranks over the
 fabric (transport="fabric"), as --transport says. The summary checks the
@@ -106,8 +108,8 @@ def codec_rows(lr, steps, seed):
                "compressed_bytes": sum(pz.compress(t).numel() for t in cur.values())}
         if delta is not None:
             for dev in devices:
-                b = {n: t.to(dev) for n, t in prev.items()}
-                c = {n: t.to(dev) for n, t in cur.items()}
+                b = {n: t.to(dev, copy=True) for n, t in prev.items()}  # apply rewrites b: never prev itself
+                c = {n: t.to(dev, copy=True) for n, t in cur.items()}
                 streams, enc = timed(lambda: [delta.encode(b[n], c[n]) for n in c], dev)
                 _, dec = timed(lambda: [delta.apply(b[n], s) for n, s in zip(c, streams)], dev)
                 row["delta_bytes"] = sum(s.numel() for s in streams)
@@ -135,6 +137,26 @@ def state(numel, tensors, version, changed, device):
     return out
 
 
+def state_codec(numel, tensors, changed, device, reps=3):
+    """Delta encode and apply throughput on the sync's state (version 0 -> 1), one tensor
+    at a time, best of `reps`: GB/s of raw state, what the link has to beat."""
+    delta = wire.delta_codec()
+    b, c = (state(numel, tensors, v, changed, torch.device(device)) for v in range(2))
+    enc, dec, nbytes = [], [], 0
+    for _ in range(reps):
+        streams, e = timed(lambda: [delta.encode(b[n], c[n]) for n in c], device)
+        work = {n: t.clone() for n, t in b.items()}
+        _, d = timed(lambda: [delta.apply(work[n], s) for n, s in zip(c, streams)], device)
+        enc.append(e)
+        dec.append(d)
+        nbytes = sum(s.numel() for s in streams)
+    ok = all(torch.equal(work[n].view(torch.int16), c[n].view(torch.int16)) for n in c)
+    if not ok:
+        raise AssertionError("state codec: apply did not rebuild version 1")
+    return {"device": device, "state_bytes": 2 * numel, "delta_bytes": nbytes, "encode_s": min(enc),
+            "apply_s": min(dec), "encode_GBps": 2 * numel / min(enc) / 1e9, "apply_GBps": 2 * numel / min(dec) / 1e9}
+
+
 def torch_baseline(rank, tensors, rounds):
     """The same state as torch.distributed point-to-point sends, one batch per round."""
     times = []
@@ -153,16 +175,18 @@ def torch_baseline(rank, tensors, rounds):
 def sync_worker(rank, world, numel, tensors, changed, rounds, device, transport):
     dev = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
     result = {}
-    modes = [("raw full sync (compress=never)", "never", False), ("compressed full sync", "always", False),
-             ("delta", "always", True)]
+    modes = [("raw full sync (compress=never)", "never", False, None), ("compressed full sync", "always", False, None),
+             ("delta", "always", True, "cpu")]
+    if dev.type == "cuda":  # the sender's base on the GPU: no copies over PCIe each round
+        modes.append(("delta, base kept on the device", "always", True, "device"))
     if not (device == "cuda" and dist.get_backend() == "gloo"):  # gloo moves no CUDA tensors
         result["torch.distributed send/recv (uncompressed)"] = torch_baseline(
             rank, state(numel, tensors, 0, changed, dev), rounds)
-    for label, compress, delta in modes:
+    for label, compress, delta, keep in modes:
         comm = pz.Communicator(compress=compress, transport=transport, device=dev, timeout=600)
         versions = [state(numel, tensors, v, changed, dev) for v in range(2)]
         if rank == 0:
-            eng = Sender(comm, keep_base="cpu" if delta else None, delta=delta)
+            eng = Sender(comm, keep_base=keep, delta=delta)
         else:
             eng = Receiver(comm, delta=delta)
             into = {n: torch.empty_like(t) for n, t in versions[0].items()}
@@ -189,28 +213,35 @@ def sync_worker(rank, world, numel, tensors, changed, rounds, device, transport)
 
 def link_worker(spec: str) -> None:
     """One rank on the shaped link (started by netns_link.on_link with
-    torch's env:// variables): part 2 on the CPU, the result to netns.report."""
+    torch's env:// variables): part 2 on the CPU, or on the one GPU both ranks
+    share (over the fabric), the result to netns.report."""
     from datetime import timedelta
     a = json.loads(spec)
     dist.init_process_group("gloo", init_method="env://", timeout=timedelta(seconds=900))
     rank = dist.get_rank()
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
-    res = sync_worker(rank, 2, a["numel"], a["tensors"], a["changed"], a["rounds"], "cpu", a["transport"])
+    res = sync_worker(rank, 2, a["numel"], a["tensors"], a["changed"], a["rounds"], a["device"], a["transport"])
     dist.barrier()
     dist.destroy_process_group()
     netns.report({"rank": rank, "result": res})
 
 
-def sync_summary(sync: dict) -> dict:
-    """Seconds per round and speed-ups against the uncompressed sends (rank 1: the receiver's view)."""
+def sync_summary(sync: dict, limit: dict = None) -> dict:
+    """Seconds per round and speed-ups against the uncompressed sends (rank 1:
+    the receiver's view); on a shaped link, also against the link's measured
+    limit (the state's bytes at plain TCP's rate: no uncompressed sync beats it)."""
     rows = sync["rank1"]
     t = {k: v["seconds_median"] for k, v in rows.items()}
     base = t.get("torch.distributed send/recv (uncompressed)", t["raw full sync (compress=never)"])
+    delta = min(v for k, v in t.items() if k.startswith("delta"))
     out = {"seconds": t, "state_bytes": sync["state_bytes"],
-           "delta_speedup_vs_uncompressed": base / t["delta"],
+           "delta_speedup_vs_uncompressed": base / delta,
            "compressed_speedup_vs_uncompressed": base / t["compressed full sync"],
            "delta_engine_bytes": sync["rank0"]["delta"]["engine_bytes_sent"],
            "compressed_engine_bytes": sync["rank0"]["compressed full sync"]["engine_bytes_sent"]}
+    if limit:
+        out["link_limit_seconds"] = 8 * sync["state_bytes"] / (limit["gbit"] * 1e9)
+        out["delta_speedup_vs_link_limit"] = out["link_limit_seconds"] / delta
     out["target_delta_4x"] = out["delta_speedup_vs_uncompressed"] >= 4.0
     return out
 
@@ -253,8 +284,8 @@ def main():
     if a.link_worker:
         link_worker(a.link_worker)
         return
-    if a.link == "netns" and a.device != "cpu":
-        ap.error("--link netns runs its ranks on the CPU")
+    if a.link == "netns" and a.device == "cuda" and (a.transport or "fabric") != "fabric":
+        ap.error("--link netns --device cuda: both ranks share the GPU, over the fabric (gloo moves no CUDA tensors)")
     lrs = [float(x) for x in a.lrs.split(",")]
     codec = {str(lr): codec_rows(lr, a.steps, seed=0) for lr in lrs}
     result = {"delta_codec": wire.delta_codec() is not None, "codec_summary": codec_summary(codec), "codec": codec}
@@ -263,17 +294,22 @@ def main():
         changed = a.changed if a.changed is not None else statistics.median(
             r["changed_fraction"] for r in codec[str(max(lrs))])
         numel = int(a.state_gib * (1 << 30)) // 2 // a.tensors * a.tensors
-        transport = a.transport or ("fabric" if a.device == "cuda" and torch.cuda.device_count() < 2 else "torch")
+        transport = a.transport or ("fabric" if a.device == "cuda" and (torch.cuda.device_count() < 2 or a.link == "netns")
+                                    else "torch")
         backend = "nccl" if a.device == "cuda" and transport == "torch" else "gloo"
         sync = {"state_bytes": 2 * numel, "tensors": a.tensors, "changed_fraction": changed,
                 "device": a.device, "transport": transport, "backend": backend}
+        if wire.delta_codec() is not None:
+            result["state_codec"] = [state_codec(numel, a.tensors, changed, d)
+                                     for d in (["cpu"] + (["cuda"] if a.device == "cuda" else []))]
+            print(json.dumps(result["state_codec"], indent=1), flush=True)
         if a.link == "netns":
             why = netns.unavailable()
             if why:
                 sys.exit(f"bench/weight_sync.py: no shaped link here: {why}")
             from netns_link import on_link
             spec = json.dumps({"numel": numel, "tensors": a.tensors, "changed": changed, "rounds": a.rounds,
-                               "transport": transport})
+                               "transport": transport, "device": a.device})
             desc, limit, ranks = on_link(a.gbit, [sys.executable, "-P", os.path.abspath(__file__),
                                                   "--link-worker", spec], timeout=3000)
             sync.update(link=desc, limit=limit, rank0=ranks[0]["result"], rank1=ranks[1]["result"])
@@ -286,7 +322,7 @@ def main():
             if bad:
                 raise RuntimeError(f"sync workers failed: {bad}")
             sync.update(link="local", rank0=res[0][1], rank1=res[1][1])
-        sync["summary"] = sync_summary(sync)
+        sync["summary"] = sync_summary(sync, sync.get("limit"))
         print(json.dumps(sync["summary"], indent=1), flush=True)
         result["sync"] = sync
     report(result, a.json)

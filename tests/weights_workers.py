@@ -44,8 +44,17 @@ def weight(seed, name, version, shape=None, dtype=None):
 
 
 def dev():
-    """cuda:<this rank's GPU> on NCCL jobs, else the CPU."""
+    """PZ_TEST_WEIGHTS_DEVICE where set (ranks sharing one GPU over the fabric),
+    else cuda:<this rank's GPU> on NCCL jobs, else the CPU."""
+    if os.environ.get("PZ_TEST_WEIGHTS_DEVICE"):
+        return torch.device(os.environ["PZ_TEST_WEIGHTS_DEVICE"])
     return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+
+
+def communicator(group=None, timeout=30.0):
+    """The job's Communicator; over the fabric, on dev(), where PZ_TEST_WEIGHTS_FABRIC=1."""
+    kw = {"transport": "fabric", "device": dev()} if os.environ.get("PZ_TEST_WEIGHTS_FABRIC") == "1" else {}
+    return pz.Communicator(group=group, compress="always", timeout=timeout, **kw)
 
 
 def model(seed, version, names=None):
@@ -127,20 +136,22 @@ def use_delta():
 def comm_of(ranks, timeout=30.0):
     """A Communicator over `ranks` (every rank must call new_group; only members construct)."""
     g = dist.new_group(ranks)
-    return pz.Communicator(group=g, compress="always", timeout=timeout) if dist.get_rank() in ranks else None
+    return communicator(g, timeout) if dist.get_rank() in ranks else None
 
 
 def one_to_many(rank, world, seed, rounds, bucket_bytes):
     """Rank 0 sends, the others receive into dicts, `rounds` versions."""
     impl = use_delta()
-    comm = pz.Communicator(compress="always", timeout=30)
+    comm = communicator()
     if rank == 0:
         s = engine.Sender(comm, bucket_bytes=bucket_bytes, keep_base="cpu")
         coders, payload = [], s._payload
         s._payload = lambda part, c: (coders.append(threading.current_thread().name), payload(part, c))[1]
         stats = [s.send(model(seed, v).items(), v) for v in range(rounds)]
-        # the first bucket is coded on the caller's thread, the next ones ahead on one more; none outlives a round
-        check(set(coders) == {threading.main_thread().name, "pz-weights-code_0"}, f"coded on {set(coders)}")
+        # a CPU sender codes the first bucket on the caller's thread, the next ones ahead on one more
+        # (a GPU sender codes inline: its stream orders the work); none outlives a round
+        want = {threading.main_thread().name} | ({"pz-weights-code_0"} if dev().type == "cpu" else set())
+        check(set(coders) == want, f"coded on {set(coders)}")
         check(not [t for t in threading.enumerate() if t.name.startswith("pz-weights-code")], "a coder outlived send")
     else:
         r = engine.Receiver(comm)
@@ -183,7 +194,7 @@ def sharded(rank, world, seed, rounds, part_bytes):
     rows [1/4, end) of every 2-D weight, and the whole 1-D ones. Deltas after
     the first round; sends in parts of part_bytes."""
     impl = use_delta()
-    comm = pz.Communicator(compress="always", timeout=30)
+    comm = communicator()
     names = ["embed", "layer.0.w", "layer.0.b", "layer.1.w", "norm"]
     two_d = [n for n in names if len(SHAPES[n]) == 2]
     stats = []
@@ -215,7 +226,7 @@ def sharded(rank, world, seed, rounds, part_bytes):
 def callback(rank, world, seed, rounds, keep_base):
     """Rank 0 sends; rank 1 receives through a load_weights callable (vLLM style)."""
     impl = use_delta()
-    comm = pz.Communicator(compress="always", timeout=30)
+    comm = communicator()
     if rank == 0:
         s = engine.Sender(comm, bucket_bytes=2000)
         return impl, [s.send(model(seed, v), v)[0]["delta"] for v in range(rounds)]
@@ -241,7 +252,7 @@ def corrupt(rank, world, seed):
     """Round 1's delta of layer.0.w has a flipped byte: the receivers repair it
     with a full resend in the same round and end bit-exact."""
     impl = use_delta()
-    comm = pz.Communicator(compress="always", timeout=30)
+    comm = communicator()
     if rank == 0:
         s = engine.Sender(comm)
         s.send(model(seed, 0), 0)
@@ -268,7 +279,7 @@ def corrupt(rank, world, seed):
 
 def mismatch(rank, world, kind):
     """Receivers whose buffers disagree with what rank 0 sends: MismatchError on every rank."""
-    comm = pz.Communicator(compress="always", timeout=20)
+    comm = communicator(timeout=20)
     seed = 5
     t0 = time.monotonic()
     try:
@@ -293,7 +304,7 @@ def mismatch(rank, world, kind):
 def killed(rank, world, victim, timeout):
     """Rank `victim` dies in round 1 (after its manifest swap); the others raise within the timeout."""
     use_delta()
-    comm = pz.Communicator(compress="always", timeout=timeout)
+    comm = communicator(timeout=timeout)
     seed = 9
     big = {"w": torch.randn(256, 1024).to(torch.bfloat16)}
     eng = engine.Sender(comm, bucket_bytes=64 << 10) if rank == 0 else engine.Receiver(comm)
