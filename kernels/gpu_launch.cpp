@@ -488,7 +488,7 @@ int gpu_delta_decode(uint8_t* base, const uint8_t* stream_bytes, const uint8_t* 
   p.log2 = h.block_log2;
   p.nblocks = delta::num_blocks(h.numel, h.block_log2);
   p.out = base, p.stream = stream_bytes, p.err = err, p.total = h.total_bytes, p.write = write;
-  return delta_launch(gpu::delta_name("decode", p.w), p.nblocks, true, p, stream, device, max_sms);
+  return delta_launch(gpu::delta_name("decode", p.w), p.nblocks, false, p, stream, device, max_sms);
 }
 
 // --- staging copies for a transport (gpu_runtime.h) ------------------------

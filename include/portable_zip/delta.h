@@ -114,21 +114,31 @@ PZ_HOST_DEVICE PZ_FORCE_INLINE uint64_t put_rice(Or& or_word, uint64_t bit, uint
 }
 
 // Reads a block's words; bits past its end read as zero (the caller checks
-// how many were consumed), so no read leaves the block.
+// how many were consumed), so no read leaves the block. A 64-bit buffer holds
+// the next 33-64 bits, refilled a word at a time: one load per 32 bits read,
+// not two per peek (on the GPU each load is a round trip on the decode chain).
 struct BitReader {
   const uint8_t* p;
   uint64_t nwords;
-  uint64_t pos = 0;
+  uint64_t pos = 0;   // bits consumed
+  uint64_t buf = 0;   // bits [pos, pos + have) of the block, the next one lowest
+  int have = 0;
+  uint64_t next = 0;  // the word that refills buf next
   PZ_HOST_DEVICE PZ_FORCE_INLINE uint32_t word(uint64_t w) const { return w < nwords ? fmt::get_u32(p + 4 * w) : 0u; }
-  PZ_HOST_DEVICE PZ_FORCE_INLINE uint32_t peek() const {
-    const uint64_t w = pos >> 5;
-    const int s = static_cast<int>(pos & 31);
-    const uint32_t lo = word(w);
-    return s ? (lo >> s) | (word(w + 1) << (32 - s)) : lo;
+  PZ_HOST_DEVICE PZ_FORCE_INLINE void fill() {
+    while (have <= 32) buf |= static_cast<uint64_t>(word(next++)) << have, have += 32;
   }
-  PZ_HOST_DEVICE PZ_FORCE_INLINE uint32_t take(int n) {
+  PZ_HOST_DEVICE PZ_FORCE_INLINE uint32_t peek() {
+    fill();
+    return static_cast<uint32_t>(buf);
+  }
+  PZ_HOST_DEVICE PZ_FORCE_INLINE void skip(int n) {  // n <= 32
+    fill();
+    buf >>= n, have -= n, pos += n;
+  }
+  PZ_HOST_DEVICE PZ_FORCE_INLINE uint32_t take(int n) {  // n <= 32
     const uint32_t v = n ? peek() & low_mask(n) : 0u;
-    pos += n;
+    skip(n);
     return v;
   }
 };
@@ -148,10 +158,10 @@ PZ_HOST_DEVICE PZ_FORCE_INLINE bool get_rice(BitReader& r, int k, int raw, uint3
   const int q = trailing_ones(r.peek());
   uint64_t v;
   if (q >= static_cast<int>(kEscapeOnes)) {
-    r.pos += kEscapeOnes;
+    r.skip(kEscapeOnes);
     v = r.take(raw);
   } else {
-    r.pos += q + 1;
+    r.skip(q + 1);
     v = (static_cast<uint64_t>(q) << k) | r.take(k);
   }
   *x = static_cast<uint32_t>(v);

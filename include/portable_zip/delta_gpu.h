@@ -208,28 +208,38 @@ PZ_DEVICE inline void delta_write_kernel(const DeltaParams& p) {
   }
 }
 
-// Decode: a thread per block, after the table kernel (which set err on a bad
+// Decode: a group per block, after the table kernel (which set err on a bad
 // table: then nothing runs). Dry (write false): decode only, err on a bad
-// block. Write: apply the changes to the base in place.
+// block. Write: apply the changes to the base in place. The group first pulls
+// the block's payload into L1 (coalesced), then every lane decodes the same
+// bits in step (delta.h's decode_block: uniform, so no divergence and one
+// load serves the group); change i is applied by lane i % 32, 32 at a time,
+// so each round of read-modify-writes has 32 loads in flight, not one.
 template <class T>
 PZ_DEVICE inline void delta_decode_kernel(const DeltaParams& p) {
   if (*reinterpret_cast<volatile uint32_t*>(p.err)) return;
   T* base = reinterpret_cast<T*>(p.out);
-  const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
-  for (uint64_t b = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; b < p.nblocks; b += stride) {
+  const uint32_t lane = group_lane();
+  const int w = p.w;
+  for (uint64_t b = group_id(); b < p.nblocks; b += group_count()) {
     const delta::Entry e = delta::get_entry(p.stream + delta::kHeaderBytes + delta::kEntryBytes * b);
     const uint32_t n = delta::block_elems(p.numel, p.log2, b);
     const uint64_t at = p.ws[b];
-    if (!delta::entry_ok(e, n, p.log2, p.w) || at > p.total || e.bytes > p.total - at) {
-      atomic_or<Scope::Device>(p.err, kDeltaErrTable);
+    if (!delta::entry_ok(e, n, p.log2, w) || at > p.total || e.bytes > p.total - at) {
+      if (lane == 0) atomic_or<Scope::Device>(p.err, kDeltaErrTable);
       continue;
     }
+    for (uint32_t k = 128 * lane; k < e.bytes; k += 128 * fmt::kLanes) prefetch_l1(p.stream + at + k);
+    if (lane == 0 && e.bytes) prefetch_l1(p.stream + at + e.bytes - 1);  // the last line, where at is not aligned
     T* blk = base + (b << p.log2);
-    const int w = p.w;
-    const bool ok = p.write ? delta::decode_block(p.stream + at, e, n, p.log2, w,
-                                                  [&](uint32_t i, uint32_t z) { delta::apply_element(blk, i, z, w); })
+    uint32_t i = 0, mine_pos = 0, mine_z = 0;  // this lane's change of the current round of 32
+    const bool ok = p.write ? delta::decode_block(p.stream + at, e, n, p.log2, w, [&](uint32_t pos, uint32_t z) {
+      if ((i & (fmt::kLanes - 1)) == lane) mine_pos = pos, mine_z = z;
+      if ((++i & (fmt::kLanes - 1)) == 0) delta::apply_element(blk, mine_pos, mine_z, w);
+    })
                             : delta::decode_block(p.stream + at, e, n, p.log2, w, [](uint32_t, uint32_t) {});
-    if (!ok) atomic_or<Scope::Device>(p.err, kDeltaErrBlock);
+    if (p.write && ok && lane < (i & (fmt::kLanes - 1))) delta::apply_element(blk, mine_pos, mine_z, w);
+    if (!ok && lane == 0) atomic_or<Scope::Device>(p.err, kDeltaErrBlock);
   }
 }
 
