@@ -88,21 +88,40 @@ PZ_DEVICE inline void delta_checksum_kernel(const DeltaSumParams& p) {
   }
 }
 
-// Walks block b's elements 32 at a time in order; f(i, z, gap) for each
-// changed one (every lane calls, z == 0 where unchanged), returns nothing.
-template <class T, class F>
-PZ_DEVICE PZ_FORCE_INLINE void walk_changes(const T* b, const T* t, uint32_t n, int w, F&& f) {
-  const int lane = group_lane();
-  uint32_t next = 0;  // the position after the last change of earlier chunks
-  for (uint32_t c0 = 0; c0 < n; c0 += fmt::kLanes) {
-    const uint32_t i = c0 + lane;
-    const uint32_t z = i < n ? delta::delta_zigzag(b[i], t[i], w) : 0u;
-    const uint32_t mask = group_ballot(z != 0);
-    const uint32_t below = mask & group_lanemask_lt();
-    const uint32_t gap = i - (below ? c0 + highest_bit(below) + 1 : next);
-    f(i, z, gap);
-    if (mask) next = c0 + highest_bit(mask) + 1;
+// Blocks are walked a chunk of 8 elements a lane at a time (lane l holds
+// elements c0 + 8l .. c0 + 8l + 7, so lane order is element order): a lane's
+// 8 loads are in flight together, and the group agrees once a chunk.
+constexpr uint32_t kDeltaPerLane = 8;
+constexpr uint32_t kDeltaChunk = kDeltaPerLane * fmt::kLanes;
+
+// This lane's zigzags of chunk c0 (0 past n); returns its first element.
+template <class T>
+PZ_DEVICE PZ_FORCE_INLINE uint32_t lane_zigzags(const T* b, const T* t, uint32_t c0, uint32_t n, int w,
+                                                uint32_t (&z)[kDeltaPerLane]) {
+  const uint32_t i0 = c0 + kDeltaPerLane * static_cast<uint32_t>(group_lane());
+#pragma unroll
+  for (uint32_t j = 0; j < kDeltaPerLane; ++j) z[j] = i0 + j < n ? delta::delta_zigzag(b[i0 + j], t[i0 + j], w) : 0u;
+  return i0;
+}
+
+// The gap before each of this lane's changes in the chunk (gap[j] where z[j]
+// != 0): from the previous change, which may sit in a lower lane or an earlier
+// chunk (next: the position after the last change so far; updated).
+PZ_DEVICE PZ_FORCE_INLINE void lane_gaps(const uint32_t (&z)[kDeltaPerLane], uint32_t i0, uint32_t& next,
+                                         uint32_t (&gap)[kDeltaPerLane]) {
+  uint32_t last_end = 0;
+#pragma unroll
+  for (uint32_t j = 0; j < kDeltaPerLane; ++j) last_end = z[j] ? i0 + j + 1 : last_end;
+  const uint32_t mask = group_ballot(last_end != 0);
+  const uint32_t below = mask & group_lanemask_lt();
+  const uint32_t from_below = group_shfl(last_end, below ? highest_bit(below) : 0);
+  uint32_t end = below ? from_below : next;
+#pragma unroll
+  for (uint32_t j = 0; j < kDeltaPerLane; ++j) {
+    gap[j] = i0 + j - end;
+    end = z[j] ? i0 + j + 1 : end;
   }
+  if (mask) next = group_shfl(last_end, highest_bit(mask));
 }
 
 // Plan: a group per block; each block's entry into the workspace, its byte
@@ -117,9 +136,12 @@ PZ_DEVICE inline void delta_plan_kernel(const DeltaParams& p) {
     const uint32_t n = delta::block_elems(p.numel, p.log2, b);
     uint32_t c = 0, last = 0;
     uint64_t sv = 0;
-    for (uint32_t i = group_lane(); i < n; i += fmt::kLanes) {
-      const uint32_t z = delta::delta_zigzag(bb[i], tb[i], p.w);
-      if (z) ++c, last = i, sv += z - 1u;
+    for (uint32_t c0 = 0; c0 < n; c0 += kDeltaChunk) {
+      uint32_t z[kDeltaPerLane];
+      const uint32_t i0 = lane_zigzags(bb, tb, c0, n, p.w, z);
+#pragma unroll
+      for (uint32_t j = 0; j < kDeltaPerLane; ++j)
+        if (z[j]) ++c, last = i0 + j, sv += z[j] - 1u;
     }
     c = group_sum32(c), last = group_max32(last), sv = group_sum64(sv);
     delta::Entry e{0, c, 0, 0};
@@ -127,9 +149,15 @@ PZ_DEVICE inline void delta_plan_kernel(const DeltaParams& p) {
       e.k_gap = delta::choose_k(last + 1 - c, c, p.log2);
       e.k_value = delta::choose_k(sv, c, p.w);
       uint64_t bits = 0;
-      walk_changes(bb, tb, n, p.w, [&](uint32_t, uint32_t z, uint32_t gap) {
-        bits += group_sum32(z ? delta::element_bits(gap, z, e, p.log2, p.w) : 0u);
-      });
+      uint32_t next = 0;
+      for (uint32_t c0 = 0; c0 < n; c0 += kDeltaChunk) {
+        uint32_t z[kDeltaPerLane], gap[kDeltaPerLane], lane_bits = 0;
+        lane_gaps(z, lane_zigzags(bb, tb, c0, n, p.w, z), next, gap);
+#pragma unroll
+        for (uint32_t j = 0; j < kDeltaPerLane; ++j)
+          lane_bits += z[j] ? delta::element_bits(gap[j], z[j], e, p.log2, p.w) : 0u;
+        bits += group_sum32(lane_bits);
+      }
       e.bytes = static_cast<uint32_t>(4 * ((bits + 31) / 32));
     }
     if (group_lane() == 0) {
@@ -194,17 +222,27 @@ PZ_DEVICE inline void delta_write_kernel(const DeltaParams& p) {
     group_sync();
     if (!e.count) continue;
     auto or_word = [words](uint64_t k, uint32_t v) { atomic_or<Scope::Device>(words + k, v); };
+    const T* bb = base + (b << p.log2);
+    const T* tb = target + (b << p.log2);
+    const uint32_t n = delta::block_elems(p.numel, p.log2, b);
     uint64_t bit = 0;
-    walk_changes(base + (b << p.log2), target + (b << p.log2), delta::block_elems(p.numel, p.log2, b), p.w,
-                 [&](uint32_t, uint32_t z, uint32_t gap) {
-                   const uint32_t len = z ? delta::element_bits(gap, z, e, p.log2, p.w) : 0u;
-                   const uint32_t before = group_exclusive_scan(len);
-                   if (z) {
-                     const uint64_t at = delta::put_rice(or_word, bit + before, gap, e.k_gap, p.log2);
-                     delta::put_rice(or_word, at, z - 1u, e.k_value, p.w);
-                   }
-                   bit += group_shfl(before + len, fmt::kLanes - 1);
-                 });
+    uint32_t next = 0;
+    for (uint32_t c0 = 0; c0 < n; c0 += kDeltaChunk) {
+      uint32_t z[kDeltaPerLane], gap[kDeltaPerLane], lane_bits = 0;
+      lane_gaps(z, lane_zigzags(bb, tb, c0, n, p.w, z), next, gap);
+#pragma unroll
+      for (uint32_t j = 0; j < kDeltaPerLane; ++j)
+        lane_bits += z[j] ? delta::element_bits(gap[j], z[j], e, p.log2, p.w) : 0u;
+      const uint32_t before = group_exclusive_scan(lane_bits);
+      uint64_t at = bit + before;
+#pragma unroll
+      for (uint32_t j = 0; j < kDeltaPerLane; ++j)
+        if (z[j]) {
+          at = delta::put_rice(or_word, at, gap[j], e.k_gap, p.log2);
+          at = delta::put_rice(or_word, at, z[j] - 1u, e.k_value, p.w);
+        }
+      bit += group_shfl(before + lane_bits, fmt::kLanes - 1);
+    }
   }
 }
 
