@@ -124,6 +124,19 @@ PZ_DEVICE PZ_FORCE_INLINE void lane_gaps(const uint32_t (&z)[kDeltaPerLane], uin
   if (mask) next = group_shfl(last_end, highest_bit(mask));
 }
 
+// One chunk of a block for plan and write: this lane's zigzags and gaps, and
+// the bits its changes' codes take.
+template <class T>
+PZ_DEVICE PZ_FORCE_INLINE uint32_t lane_chunk(const T* b, const T* t, uint32_t c0, uint32_t n, const delta::Entry& e,
+                                              int log2, int w, uint32_t& next, uint32_t (&z)[kDeltaPerLane],
+                                              uint32_t (&gap)[kDeltaPerLane]) {
+  lane_gaps(z, lane_zigzags(b, t, c0, n, w, z), next, gap);
+  uint32_t bits = 0;
+#pragma unroll
+  for (uint32_t j = 0; j < kDeltaPerLane; ++j) bits += z[j] ? delta::element_bits(gap[j], z[j], e, log2, w) : 0u;
+  return bits;
+}
+
 // Plan: a group per block; each block's entry into the workspace, its byte
 // count into offsets[b] (the table kernel scans them).
 template <class T>
@@ -151,12 +164,8 @@ PZ_DEVICE inline void delta_plan_kernel(const DeltaParams& p) {
       uint64_t bits = 0;
       uint32_t next = 0;
       for (uint32_t c0 = 0; c0 < n; c0 += kDeltaChunk) {
-        uint32_t z[kDeltaPerLane], gap[kDeltaPerLane], lane_bits = 0;
-        lane_gaps(z, lane_zigzags(bb, tb, c0, n, p.w, z), next, gap);
-#pragma unroll
-        for (uint32_t j = 0; j < kDeltaPerLane; ++j)
-          lane_bits += z[j] ? delta::element_bits(gap[j], z[j], e, p.log2, p.w) : 0u;
-        bits += group_sum32(lane_bits);
+        uint32_t z[kDeltaPerLane], gap[kDeltaPerLane];
+        bits += group_sum32(lane_chunk(bb, tb, c0, n, e, p.log2, p.w, next, z, gap));
       }
       e.bytes = static_cast<uint32_t>(4 * ((bits + 31) / 32));
     }
@@ -228,11 +237,8 @@ PZ_DEVICE inline void delta_write_kernel(const DeltaParams& p) {
     uint64_t bit = 0;
     uint32_t next = 0;
     for (uint32_t c0 = 0; c0 < n; c0 += kDeltaChunk) {
-      uint32_t z[kDeltaPerLane], gap[kDeltaPerLane], lane_bits = 0;
-      lane_gaps(z, lane_zigzags(bb, tb, c0, n, p.w, z), next, gap);
-#pragma unroll
-      for (uint32_t j = 0; j < kDeltaPerLane; ++j)
-        lane_bits += z[j] ? delta::element_bits(gap[j], z[j], e, p.log2, p.w) : 0u;
+      uint32_t z[kDeltaPerLane], gap[kDeltaPerLane];
+      const uint32_t lane_bits = lane_chunk(bb, tb, c0, n, e, p.log2, p.w, next, z, gap);
       const uint32_t before = group_exclusive_scan(lane_bits);
       uint64_t at = bit + before;
 #pragma unroll
