@@ -2,7 +2,7 @@
 // per block counts and sizes it (plan), one CTA scans the sizes into offsets
 // (table), and a group per block writes its codes at prefix-summed bit
 // offsets (write), so the bytes are the CPU encoder's. Decode: the table
-// kernel checks the stream's table, then a thread per block runs delta.h's
+// kernel checks the stream's table, then a group per block runs delta.h's
 // decode_block, once dry and once writing. Checksums: grid-wide sums.
 #pragma once
 #include <stdint.h>
@@ -256,8 +256,9 @@ PZ_DEVICE inline void delta_write_kernel(const DeltaParams& p) {
 // table: then nothing runs). Dry (write false): decode only, err on a bad
 // block. Write: apply the changes to the base in place. The group first pulls
 // the block's payload into L1 (coalesced), then every lane decodes the same
-// bits in step (delta.h's decode_block: uniform, so no divergence and one
-// load serves the group); change i is applied by lane i % 32, 32 at a time,
+// bits in step (delta.h's decode_block: uniform within the group, so one load
+// serves it; where two groups share a wave64, their blocks' paths serialize
+// but no lane waits on another); change i is applied by lane i % 32, 32 at a time,
 // so each round of read-modify-writes has 32 loads in flight, not one.
 template <class T>
 PZ_DEVICE inline void delta_decode_kernel(const DeltaParams& p) {
