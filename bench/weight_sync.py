@@ -84,6 +84,13 @@ def timed(fn, device):
     return out, time.perf_counter() - t0
 
 
+def delta_round(delta, bases, targets, device):
+    """(streams, encode s, apply s) of every tensor's delta, bases -> targets; apply rewrites bases."""
+    streams, enc = timed(lambda: [delta.encode(bases[n], targets[n]) for n in targets], device)
+    _, dec = timed(lambda: [delta.apply(bases[n], s) for n, s in zip(targets, streams)], device)
+    return streams, enc, dec
+
+
 def codec_rows(lr, steps, seed):
     """One row per step at this lr."""
     delta = wire.delta_codec()
@@ -110,8 +117,7 @@ def codec_rows(lr, steps, seed):
             for dev in devices:
                 b = {n: t.to(dev, copy=True) for n, t in prev.items()}  # apply rewrites b: never prev itself
                 c = {n: t.to(dev, copy=True) for n, t in cur.items()}
-                streams, enc = timed(lambda: [delta.encode(b[n], c[n]) for n in c], dev)
-                _, dec = timed(lambda: [delta.apply(b[n], s) for n, s in zip(c, streams)], dev)
+                streams, enc, dec = delta_round(delta, b, c, dev)
                 row["delta_bytes"] = sum(s.numel() for s in streams)
                 row[f"delta_encode_s_{dev}"], row[f"delta_apply_s_{dev}"] = enc, dec
             row["raw_over_delta"] = row["raw_bytes"] / row["delta_bytes"]
@@ -144,9 +150,8 @@ def state_codec(numel, tensors, changed, device, reps=3):
     b, c = (state(numel, tensors, v, changed, torch.device(device)) for v in range(2))
     enc, dec, nbytes = [], [], 0
     for _ in range(reps):
-        streams, e = timed(lambda: [delta.encode(b[n], c[n]) for n in c], device)
         work = {n: t.clone() for n, t in b.items()}
-        _, d = timed(lambda: [delta.apply(work[n], s) for n, s in zip(c, streams)], device)
+        streams, e, d = delta_round(delta, work, c, device)
         enc.append(e)
         dec.append(d)
         nbytes = sum(s.numel() for s in streams)
