@@ -497,7 +497,8 @@ NB_MODULE(_C, m) {
       // A failure aborts the engine: its blocked wait raises why at once.
       .def("attach", [](watch::Watch& w, fabric::Engine& e) {
         e.set_watched();
-        w.attach([&e](const std::string& why) { e.abort(why); }, [&e](int peer) { e.peer_gone(peer); });
+        w.attach([&e](const std::string& why) { e.abort(why); }, [&e](int peer, bool quiet) { e.peer_gone(peer, quiet); },
+                 [&e] { return e.quiet(); });
       }, nb::keep_alive<1, 2>())
 #endif
       .def("close", &watch::Watch::close, nb::call_guard<nb::gil_scoped_release>());

@@ -212,6 +212,55 @@ def test_waits_outlast_their_slices():
         assert all(out) and len(out) == 2 and set(plans) == {"native"}, value
 
 
+def sends_then_leaves(rank, world, delay):
+    """Rank 0 sends to rank 1 and closes at once (its send is complete when
+    its bytes are on their way). Rank 1 meanwhile waits on a receive from
+    rank 2, which sends `delay` s later, so rank 1's fabric is making
+    progress when it tears rank 0's connection down; then it receives from
+    rank 0: what rank 0 sent before its goodbye is still delivered. A
+    receive it never answers fails within the watch's grace."""
+    import portable_zip as pz
+
+    def data(step, r, dtype):
+        return torch.randn(4096, generator=torch.Generator().manual_seed(100 * step + r)).to(dtype)
+
+    out = []
+    for step, (dtype, compress) in enumerate([(torch.float32, "never"), (torch.bfloat16, "always")]):
+        comm = pz.Communicator(compress=compress, transport="fabric", timeout=30)
+        comm.all_reduce(torch.ones(64))  # connections up
+        if rank == 0:
+            comm.isend(data(step, 0, dtype), 1).wait()
+        elif rank == 2:
+            time.sleep(delay)
+            comm.send(data(step, 2, dtype), 1)
+        else:
+            for src in (2, 0):
+                got = torch.empty(4096, dtype=dtype)
+                comm.recv(got, src)
+                out.append(torch.equal(got.view(torch.uint8), data(step, src, dtype).view(torch.uint8)))  # bit for bit
+        comm.close()
+    comm = pz.Communicator(compress="never", transport="fabric", timeout=30)
+    comm.all_reduce(torch.ones(8))
+    if rank == 1:  # one more receive from rank 0, which has gone: a clear error within seconds
+        time.sleep(delay)
+        t0 = time.monotonic()
+        try:
+            comm.recv(torch.empty(8), 0)
+            out.append("no error")
+        except pz.PeerError as e:
+            out.append(("closed its Communicator" in str(e), time.monotonic() - t0 < NOTICE_S))
+    comm.close()
+    return out
+
+
+@pytest.mark.skipif(not _C.has_fabric or bool(_C.fabric_probe()), reason="no fabric transport here")
+def test_what_a_peer_sent_before_it_closed_is_delivered():
+    res = run(3, sends_then_leaves, 1.5, env={"PZ_FABRIC_PROVIDER": "tcp;ofi_rxm"}, deadline=240)
+    for r, (status, value) in res.items():
+        assert status == "ok", f"rank {r}: {value}"
+    assert res[1][1] == [True, True, True, True, (True, True)], res[1][1]
+
+
 @pytest.mark.parametrize("transport,case", [("torch", "stop"), ("fabric", "stop"), ("torch", "kill")])
 def test_peer_named_within_seconds_under_the_default_timeout(transport, case):
     """A SIGSTOPped peer (gloo cannot see it), and over gloo a killed one

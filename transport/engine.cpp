@@ -86,7 +86,11 @@ int64_t now_ns() {
 // match the torn connection's stale requests) until the watch names a peer
 // that went, then the wire stops; a peer's going reaches the watch at once
 // (its sockets close with it), so after kStrangerNs with none it was a
-// stranger's, and posts resume.
+// stranger's, and posts resume. A peer that closed quietly (its goodbye says
+// every transfer it posted had completed, so no request of its own is
+// stale) explains one tear and stops nothing: its eager sends that we have
+// not matched yet are still delivered (send, then close, is a correct
+// program), and a wait on it that nothing answers fails at the watch's grace.
 constexpr int64_t kStrangerNs = 3'000'000'000;
 
 }  // namespace
@@ -531,7 +535,7 @@ bool Engine::post_wire(Chunk* c) {
   else
     rc = fi_trecv(r.ep, buf, c->len, desc, directed_ ? r.addr[peer] : FI_ADDR_UNSPEC,
                   wire_tag(cfg_, peer, cfg_.rank, x->seq, c->idx), 0, &c->ctx);
-  if (conn_closes_here() != closes) conn_torn();
+  if (const uint64_t now = conn_closes_here(); now != closes) conn_torn(now - closes);
   gate.unlock();
   if (rc == -FI_EAGAIN) return false;
   if (rc) throw std::runtime_error(std::string(x->send() ? "posting a send to rank " : "posting a receive from rank ") +
@@ -645,7 +649,7 @@ size_t Engine::read_rail(int r, std::vector<Done>* out) {
   const size_t n = read_cq(rails_[r].cq, out);
   for (size_t i = first; i < out->size(); ++i)
     if ((*out)[i].err) stop_wire(done_error((*out)[i]));
-  if (conn_closes_here() != closes) conn_torn();
+  if (const uint64_t now = conn_closes_here(); now != closes) conn_torn(now - closes);
   return n;
 }
 
@@ -791,22 +795,42 @@ void Engine::fail(const std::string& why) {
   done_cv_.notify_all();
 }
 
-void Engine::conn_torn() {
+void Engine::conn_torn(uint64_t n) {
   torn_.store(true);
+  const uint64_t tears = tears_.fetch_add(n) + n;
   if (!watched_.load() || gone_.load() >= 0) {
     stop_wire(kConnClosed);
     return;
   }
+  if (tears <= static_cast<uint64_t>(quiet_gone_.load())) return;  // quiet closes explain them
   suspect_until_.store(now_ns() + kStrangerNs);
   if (gone_.load() >= 0) stop_wire(kConnClosed);  // peer_gone ran meanwhile and saw no suspicion yet
 }
 
-void Engine::peer_gone(int peer) {
+void Engine::peer_gone(int peer, bool quiet) {
+  if (quiet) {
+    if (tears_.load() <= static_cast<uint64_t>(quiet_gone_.fetch_add(1) + 1)) {
+      int64_t until = suspect_until_.load();  // the tears so far are explained: posts resume
+      if (until) suspect_until_.compare_exchange_strong(until, 0);
+    }
+    return;
+  }
   int none = -1;
   gone_.compare_exchange_strong(none, peer);
   const int64_t until = suspect_until_.load();
   if (until && now_ns() < until)
     stop_wire("rank " + std::to_string(peer) + " went while its connection was torn down (" + kConnClosed + ")");
+}
+
+bool Engine::quiet() {
+  for (const auto& r : rails_)
+    if (r.outstanding.load() > 0) return false;
+  if (wire_failed_.load()) return false;
+  std::lock_guard<std::mutex> g(mu_);
+  if (!error_.empty() || !incoming_.empty()) return false;
+  for (const auto& [id, b] : batches_)
+    if (b.left > 0) return false;  // a transfer not yet on the wire, or not done
+  return true;
 }
 
 void Engine::stop_wire(const std::string& why) {

@@ -85,8 +85,12 @@ class Engine {
   void close();
   // With a liveness watch (watch.h): it says which peers have gone, so a
   // connection the provider tore down is told apart from a stranger's.
+  // quiet: the peer closed with nothing of its own in flight, so what it
+  // sent before is still delivered and its tear stops nothing.
   void set_watched() { watched_.store(true); }
-  void peer_gone(int peer);
+  void peer_gone(int peer, bool quiet);
+  // Nothing posted is still in flight and nothing failed: this rank's goodbye says so.
+  bool quiet();
 
  private:
   struct Batch {
@@ -126,7 +130,7 @@ class Engine {
   bool poll_copies();
   void fail(const std::string& why);
   void stop_wire(const std::string& why);  // post nothing more: the first failure's text is kept
-  void conn_torn();  // rxm tore a connection down in this thread's last call
+  void conn_torn(uint64_t n);  // rxm tore n connections down in this thread's last call
   std::string wire_error();
   void teardown();
   Pair& pair(int peer);
@@ -157,7 +161,9 @@ class Engine {
   std::atomic<bool> wire_failed_{false};
   std::atomic<bool> torn_{false};        // rxm tore a connection down: teardown leaves its endpoints open
   std::atomic<bool> watched_{false};     // a liveness watch reports peers that go (peer_gone)
-  std::atomic<int> gone_{-1};            // the first peer the watch saw go
+  std::atomic<int> gone_{-1};            // the first peer the watch saw go other than quietly
+  std::atomic<int> quiet_gone_{0};       // peers that closed quietly (their tears are explained)
+  std::atomic<uint64_t> tears_{0};       // connections rxm has torn down
   std::atomic<int64_t> suspect_until_{0};  // steady-clock ns: a torn connection not yet known to be a peer's
   std::string wire_error_;               // under cq_mu_
   std::mutex close_mu_;                  // close() from several threads: one tears down

@@ -31,7 +31,10 @@ namespace pz::watch {
 namespace {
 
 constexpr uint32_t kMagic = 0x31575a50;  // "PZW1"
-constexpr char kBeat = 'B', kBye = 'G';
+// Goodbyes: 'G' from a rank whose transport was quiet at close (every
+// transfer it posted had completed), 'F' from one that closed with transfers
+// in flight (after a failure): a peer treats the tear of its connection as a death's.
+constexpr char kBeat = 'B', kBye = 'G', kByeBusy = 'F';
 constexpr double kBeatS = 1.0;  // at most: a heartbeat timeout under 4 s beats 4 times in it
 // A wait open on a peer that has gone (exited, killed) fails after this:
 // what it sent before it went lands well within it.
@@ -339,17 +342,20 @@ void Watch::expect(const std::vector<int>& peers, int delta) {
   }
 }
 
-void Watch::attach(std::function<void(const std::string&)> on_failure, std::function<void(int)> on_gone) {
+void Watch::attach(std::function<void(const std::string&)> on_failure, std::function<void(int, bool)> on_gone,
+                   std::function<bool()> quiet) {
   std::string why;
   std::vector<int> gone;
   {
     std::lock_guard<std::mutex> lk(mu_);
     on_failure_ = std::move(on_failure);
     on_gone_ = std::move(on_gone);
+    quiet_ = std::move(quiet);
     for (int j = 0; j < world_; ++j)
       if (!peers_[j].gone.empty()) gone.push_back(j);
     if (!failed_) {
-      for (int j : gone) on_gone_(j);  // gone before the attach
+      if (on_gone_)
+        for (int j : gone) on_gone_(j, peers_[j].quiet);  // gone before the attach
       return;
     }
     why = why_;
@@ -358,12 +364,13 @@ void Watch::attach(std::function<void(const std::string&)> on_failure, std::func
 }
 
 void Watch::went(int peer) {
-  std::function<void(int)> cb;
+  std::function<void(int, bool)> cb;
+  bool quiet;
   {
     std::lock_guard<std::mutex> lk(mu_);
-    cb = on_gone_;
+    cb = on_gone_, quiet = peers_[peer].quiet;
   }
-  if (cb) cb(peer);
+  if (cb) cb(peer, quiet);
 }
 
 void Watch::fail(int peer, const std::string& what) {
@@ -435,17 +442,25 @@ void Watch::run() {
         continue;
       }
       p.heard = t;
-      if (std::memchr(b, kBye, size_t(n)) && !p.bye) {
+      const bool quiet = std::memchr(b, kBye, size_t(n)) != nullptr;
+      if ((quiet || std::memchr(b, kByeBusy, size_t(n))) && !p.bye) {
         {
           std::lock_guard<std::mutex> lk(mu_);
-          p.bye = true, p.gone = "closed its Communicator while this rank still waits on it", p.gone_at = t;
+          p.bye = true, p.quiet = quiet, p.gone = "closed its Communicator while this rank still waits on it",
+          p.gone_at = t;
         }
         went(who_fd[i]);
       }
     }
   }
+  std::function<bool()> quiet;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    quiet = quiet_;
+  }
+  const char bye = !quiet || quiet() ? kBye : kByeBusy;
   for (auto& p : peers_)
-    if (p.fd >= 0) send(p.fd, &kBye, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (p.fd >= 0) send(p.fd, &bye, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
 }
 
 void Watch::close() {

@@ -7,6 +7,9 @@
 // busy Python peer still beats) is dead: every wait fails. A peer whose
 // connection closes (the kernel closes a dead process's sockets) or that
 // says goodbye (an orderly close) has gone: a wait still open on it fails.
+// A goodbye also says whether the closing rank's transport was quiet
+// (nothing of its own still in flight): what a quiet peer sent before it
+// left is still delivered.
 #pragma once
 #include <atomic>
 #include <chrono>
@@ -46,8 +49,10 @@ class Watch {
   // on_failure: called once, from the watch thread, at the first failure
   // (the fabric engine's abort: a blocked wait raises at once). on_gone:
   // from the watch thread, each time a peer's connection closes or it says
-  // goodbye (the engine learns whose connection its provider tore down).
-  void attach(std::function<void(const std::string&)> on_failure, std::function<void(int)> on_gone = nullptr);
+  // goodbye (the engine learns whose connection its provider tore down),
+  // with whether it left quiet. quiet: asked at close, for this rank's goodbye.
+  void attach(std::function<void(const std::string&)> on_failure, std::function<void(int, bool)> on_gone = nullptr,
+              std::function<bool()> quiet = nullptr);
   void close();  // goodbye to every peer, join the thread, close every fd
 
  private:
@@ -55,6 +60,7 @@ class Watch {
   struct Peer {
     int fd = -1;
     bool bye = false;                   // said goodbye: its close is not a death
+    bool quiet = false;                 // its goodbye said nothing of its own was in flight
     std::string gone;                   // why it went (goodbye or closed connection); "" while here
     Clock::time_point heard, gone_at, expect_since;
     std::atomic<int> expect{0};
@@ -80,7 +86,8 @@ class Watch {
   int failed_rank_ = -1;
   std::string why_;
   std::function<void(const std::string&)> on_failure_;
-  std::function<void(int)> on_gone_;
+  std::function<void(int, bool)> on_gone_;
+  std::function<bool()> quiet_;
   void went(int peer);  // on_gone_, outside mu_
   bool closed_ = false;
 };
