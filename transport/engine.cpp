@@ -10,6 +10,7 @@
 #include <netinet/in.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -87,11 +88,27 @@ int64_t now_ns() {
 // that went, then the wire stops; a peer's going reaches the watch at once
 // (its sockets close with it), so after kStrangerNs with none it was a
 // stranger's, and posts resume. A peer that closed quietly (its goodbye says
-// every transfer it posted had completed, so no request of its own is
-// stale) explains one tear and stops nothing: its eager sends that we have
-// not matched yet are still delivered (send, then close, is a correct
-// program), and a wait on it that nothing answers fails at the watch's grace.
+// every transfer it posted had completed, so no rendezvous request of its
+// own is stale) explains the tear of a connection per rail and stops
+// nothing: its eager sends that we have not matched yet are still delivered
+// (send, then close, is a correct program), and a wait on it that nothing
+// answers fails at the watch's grace. That holds where an unmatched eager
+// message keeps no pointer to its connection: rxm over tcp with dynamic
+// receive buffers (1.17's default there, which turns segmented messages
+// off). Elsewhere (verbs' segmented messages keep one) a quiet goodbye
+// counts as a death's. A death names its peer within kStrangerNs of a tear
+// and stops the wire, whatever quiet goodbyes explained meanwhile.
 constexpr int64_t kStrangerNs = 3'000'000'000;
+
+// rxm's dynamic receive buffers (FI_OFI_RXM_ENABLE_DYN_RBUF, on by default
+// over tcp), unless the user turned them off.
+bool rxm_dynamic_rbuf() {
+  const char* v = std::getenv("FI_OFI_RXM_ENABLE_DYN_RBUF");
+  if (!v) return true;
+  std::string s(v);
+  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return !(s == "0" || s == "false" || s == "no" || s == "off" || s == "n" || s == "f");
+}
 
 }  // namespace
 
@@ -220,6 +237,7 @@ void Engine::open_provider() {
       continue;
     }
     info_ = L.dupinfo(got);  // the first match only
+    trust_quiet_ = prov == "tcp;ofi_rxm" && rxm_dynamic_rbuf();
     L.freeinfo(got);
     fi_info* h = nullptr;
     hmem_ = query(prov, true, &h, FI_THREAD_DOMAIN, directed_) == 0 && h;
@@ -797,19 +815,25 @@ void Engine::fail(const std::string& why) {
 
 void Engine::conn_torn(uint64_t n) {
   torn_.store(true);
+  last_tear_ns_.store(now_ns());
   const uint64_t tears = tears_.fetch_add(n) + n;
   if (!watched_.load() || gone_.load() >= 0) {
     stop_wire(kConnClosed);
     return;
   }
-  if (tears <= static_cast<uint64_t>(quiet_gone_.load())) return;  // quiet closes explain them
-  suspect_until_.store(now_ns() + kStrangerNs);
-  if (gone_.load() >= 0) stop_wire(kConnClosed);  // peer_gone ran meanwhile and saw no suspicion yet
+  if (tears <= quiet_credit_.load()) return;  // quiet closes explain them
+  int64_t until = now_ns() + kStrangerNs;
+  suspect_until_.store(until);
+  if (gone_.load() >= 0)
+    stop_wire(kConnClosed);  // peer_gone ran meanwhile and saw no suspicion yet
+  else if (tears_.load() <= quiet_credit_.load())
+    suspect_until_.compare_exchange_strong(until, 0);  // a quiet goodbye came meanwhile and found none to clear
 }
 
 void Engine::peer_gone(int peer, bool quiet) {
-  if (quiet) {
-    if (tears_.load() <= static_cast<uint64_t>(quiet_gone_.fetch_add(1) + 1)) {
+  if (quiet && trust_quiet_) {
+    const uint64_t credit = quiet_credit_.fetch_add(static_cast<uint64_t>(cfg_.rails)) + cfg_.rails;
+    if (tears_.load() <= credit) {
       int64_t until = suspect_until_.load();  // the tears so far are explained: posts resume
       if (until) suspect_until_.compare_exchange_strong(until, 0);
     }
@@ -817,17 +841,16 @@ void Engine::peer_gone(int peer, bool quiet) {
   }
   int none = -1;
   gone_.compare_exchange_strong(none, peer);
-  const int64_t until = suspect_until_.load();
-  if (until && now_ns() < until)
+  const int64_t now = now_ns(), until = suspect_until_.load(), last = last_tear_ns_.load();
+  if ((until && now < until) || (last && now - last < kStrangerNs))
     stop_wire("rank " + std::to_string(peer) + " went while its connection was torn down (" + kConnClosed + ")");
 }
 
 bool Engine::quiet() {
+  std::lock_guard<std::mutex> g(mu_);  // first: teardown does not begin while stop_ and closed_ are unset
+  if (stop_ || closed_ || !error_.empty() || wire_failed_.load() || !incoming_.empty()) return false;
   for (const auto& r : rails_)
     if (r.outstanding.load() > 0) return false;
-  if (wire_failed_.load()) return false;
-  std::lock_guard<std::mutex> g(mu_);
-  if (!error_.empty() || !incoming_.empty()) return false;
   for (const auto& [id, b] : batches_)
     if (b.left > 0) return false;  // a transfer not yet on the wire, or not done
   return true;
@@ -943,6 +966,8 @@ std::map<std::string, std::string> Engine::info() const {
   m["hmem"] = hmem_ ? "offered (device memory still staged)" : "no";
   m["mr_local"] = mr_local_ ? "yes (host memory staged through registered slots)" : "no";
   m["keyed_tags"] = "yes (SipHash-2-4 Feistel permutation under the group's secret, per receiver)";
+  m["connections_torn"] = std::to_string(tears_.load());
+  m["quiet_goodbyes"] = trust_quiet_ ? "trusted (rxm over tcp, dynamic receive buffers)" : "count as deaths";
   m["directed_recv"] = directed_ ? "yes (FI_DIRECTED_RECV: a receive matches its peer's address only)" : "no (tags alone)";
   m["bind"] = bind_ip_.empty() ? "the provider's default interface" : bind_ip_;
   m["endpoint"] = endpoint_;

@@ -162,8 +162,10 @@ class Engine {
   std::atomic<bool> torn_{false};        // rxm tore a connection down: teardown leaves its endpoints open
   std::atomic<bool> watched_{false};     // a liveness watch reports peers that go (peer_gone)
   std::atomic<int> gone_{-1};            // the first peer the watch saw go other than quietly
-  std::atomic<int> quiet_gone_{0};       // peers that closed quietly (their tears are explained)
   std::atomic<uint64_t> tears_{0};       // connections rxm has torn down
+  std::atomic<uint64_t> quiet_credit_{0};  // tears quiet goodbyes explain: a rail's connection each
+  std::atomic<int64_t> last_tear_ns_{0};   // steady-clock ns of the last tear
+  bool trust_quiet_ = false;  // the provider keeps no connection state in unmatched messages (engine.cpp)
   std::atomic<int64_t> suspect_until_{0};  // steady-clock ns: a torn connection not yet known to be a peer's
   std::string wire_error_;               // under cq_mu_
   std::mutex close_mu_;                  // close() from several threads: one tears down

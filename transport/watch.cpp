@@ -5,7 +5,7 @@
 // MACs are SipHash-2-4 under the group's secret over fresh nonces from both
 // ends, so neither a stranger nor a replay passes; anything else is closed.
 // Afterwards each end sends BEAT ('B') once a second (4 per heartbeat timeout
-// if that is shorter) and BYE ('G') on close.
+// if that is shorter) and a goodbye on close: 'G' if its transport was quiet, else 'F'.
 #include "watch.h"
 
 #include <arpa/inet.h>
@@ -30,7 +30,7 @@
 namespace pz::watch {
 namespace {
 
-constexpr uint32_t kMagic = 0x31575a50;  // "PZW1"
+constexpr uint32_t kMagic = 0x32575a50;  // "PZW2": goodbyes say whether the closing rank was quiet
 // Goodbyes: 'G' from a rank whose transport was quiet at close (every
 // transfer it posted had completed), 'F' from one that closed with transfers
 // in flight (after a failure): a peer treats the tear of its connection as a death's.
