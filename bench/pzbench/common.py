@@ -19,6 +19,8 @@ import portable_zip as pz
 from harness.tensors import BAR, TENSORS, exponent_entropy_bound, make_tensor, symbols
 from portable_zip import reference as ref
 
+from . import real_weights
+
 
 def parse_size(s: str) -> int:
     units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
@@ -96,6 +98,13 @@ def _nvidia_smi(field: str) -> Optional[str]:
         return None
 
 
+def bench_tensor(name: str, nbytes: int, rng: np.random.Generator, device: str = "cpu", copy: int = 0) -> torch.Tensor:
+    """A synthetic tensor (harness.tensors) or a real weight set, tiled (real_weights; copies start at different elements)."""
+    if name in real_weights.REAL:
+        return real_weights.tiled(name, nbytes, device, shift=copy * 1_000_003)
+    return make_tensor(name, nbytes, rng, device)
+
+
 def codec_rows(device: str, nbytes: int, reps: int, names=None, seed=None) -> list:
     """Ratio next to its bound, and compress/decompress GB/s of input bytes."""
     rng = np.random.default_rng(seed)
@@ -104,7 +113,7 @@ def codec_rows(device: str, nbytes: int, reps: int, names=None, seed=None) -> li
     for name in names or TENSORS:
         # Rotate among distinct inputs whose total exceeds 3x L2 so no rep hits cache.
         copies = max(1, -(-3 * l2 // nbytes)) if device == "cuda" else 1
-        inputs = [make_tensor(name, nbytes, rng, device) for _ in range(copies)]
+        inputs = [bench_tensor(name, nbytes, rng, device, i) for i in range(copies)]
         bufs = [pz.compress(t) for t in inputs]
         for t, b in zip(inputs, bufs):
             assert torch.equal(pz.decompress(b).view(torch.uint8), t.view(torch.uint8)), name
@@ -121,7 +130,8 @@ def codec_rows(device: str, nbytes: int, reps: int, names=None, seed=None) -> li
         tables = table_cost(inputs[0], lg)
         rows.append({
             "tensor": name, "dtype": str(inputs[0].dtype).replace("torch.", ""), "bytes": nbytes,
-            "device": device, "ratio": ratio, "bound": exponent_entropy_bound(inputs[0]), "bar": BAR[name],
+            "device": device, "ratio": ratio, "bound": exponent_entropy_bound(inputs[0]),
+            "bar": BAR.get(name),
             "est_local_tables": tables["local_tables"], "est_global_table": tables["global_table"],
             "compress_GBps": nbytes / tc / 1e9, "decompress_GBps": nbytes / td / 1e9,
             "compress_us": tc * 1e6, "decompress_us": td * 1e6, "reps": reps,
