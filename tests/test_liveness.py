@@ -274,10 +274,49 @@ def sends_then_leaves(rank, world, delay):
 
 @pytest.mark.skipif(not _C.has_fabric or bool(_C.fabric_probe()), reason="no fabric transport here")
 def test_what_a_peer_sent_before_it_closed_is_delivered():
-    res = run(3, sends_then_leaves, 1.5, env={"PZ_FABRIC_PROVIDER": "tcp;ofi_rxm"}, deadline=240)
-    for r, (status, value) in res.items():
-        assert status == "ok", f"rank {r}: {value}"
+    # Plan checking off: its extra round makes every exchange wait for all its
+    # peers up front, so rank 2 (which joins after rank 0 has left) would hold
+    # rank 0's send open and rank 0 could never leave first.
+    res = run(3, sends_then_leaves, 1.5, env={"PZ_FABRIC_PROVIDER": "tcp;ofi_rxm", "PZ_CHECK_PLANS": "0"},
+              deadline=240)
+    bad = {r: v for r, v in res.items() if v[0] != "ok"}
+    assert not bad, "\n".join(f"rank {r}: {s}: {v}" for r, (s, v) in sorted(res.items()))
     assert res[1][1] == [True] * 8 + [(True, True)], res[1][1]
+
+
+def quiet_then_killed(rank, world, delay):
+    """Rank 2 closes quietly (its goodbye explains the tears of its
+    connections); `delay` s later rank 0 is SIGKILLed in the middle of 64 MiB
+    sends to rank 1. Rank 1 must raise within seconds, never crash or hang:
+    a quiet goodbye's credit must not hide the dead peer's tear."""
+    import portable_zip as pz
+
+    comm = pz.Communicator(compress="never", transport="fabric", timeout=20)
+    comm.all_reduce(torch.ones(4 << 20))  # 16 MiB: pieces past one chunk, so both rails connect between every pair
+    if rank == 2:
+        comm.close()
+        return "closed"
+    big = torch.zeros(16 << 20)
+    if rank == 0:
+        threading.Timer(delay, os.kill, (os.getpid(), signal.SIGKILL)).start()
+    t0 = time.monotonic()
+    try:
+        for _ in range(400):
+            comm.send(big, 1) if rank == 0 else comm.recv(big, 0)
+        out = "completed"
+    except pz.PeerError as e:
+        out = ("raised", time.monotonic() - t0 < NOTICE_S, str(e)[:200])
+    comm.close()
+    return out
+
+
+@pytest.mark.skipif(not _C.has_fabric or bool(_C.fabric_probe()), reason="no fabric transport here")
+def test_a_death_after_a_quiet_goodbye_still_fails_the_survivor():
+    res = run(3, quiet_then_killed, 0.5, env={"PZ_FABRIC_PROVIDER": "tcp;ofi_rxm"}, deadline=120)
+    assert res[2] == ("ok", "closed"), res[2]
+    assert res[0][0] == "hung", res[0]  # killed: it never reports
+    status, out = res[1]
+    assert status == "ok" and out[:2] == ("raised", True), res[1]
 
 
 @pytest.mark.parametrize("transport,case", [("torch", "stop"), ("fabric", "stop"), ("torch", "kill")])
