@@ -131,7 +131,7 @@ def codec_rows(device: str, nbytes: int, reps: int, names=None, seed=None) -> li
         rows.append({
             "tensor": name, "dtype": str(inputs[0].dtype).replace("torch.", ""), "bytes": nbytes,
             "device": device, "ratio": ratio, "bound": exponent_entropy_bound(inputs[0]),
-            "bar": BAR.get(name),
+            "bar": BAR.get(name, real_weights.BAR if name in real_weights.REAL else None),
             "est_local_tables": tables["local_tables"], "est_global_table": tables["global_table"],
             "compress_GBps": nbytes / tc / 1e9, "decompress_GBps": nbytes / td / 1e9,
             "compress_us": tc * 1e6, "decompress_us": td * 1e6, "reps": reps,
