@@ -43,8 +43,9 @@ ALL_TENSORS = list(TENSORS) + list(real_weights.REAL)
 
 def default_tensors() -> str:
     """The head-to-head tensors: two synthetic, and the real weight sets where they are prepared."""
-    if real_weights.missing():
-        print(f"real weights left out: {real_weights.missing()}", file=sys.stderr)
+    gone = real_weights.missing()
+    if gone:
+        print(f"real weights left out: {gone}", file=sys.stderr)
         return f"{HEAD_TO_HEAD};bf16 U[-1,1]"
     return ";".join([HEAD_TO_HEAD, "bf16 U[-1,1]", *real_weights.REAL])
 
@@ -58,7 +59,7 @@ def gpu_tensor(name: str, nbytes: int, gen: torch.Generator, copy: int = 0) -> t
     """data.make_tensor's distributions, drawn on the GPU (seconds instead of minutes at 1 GiB),
     or a real weight set tiled (copies start at different elements)."""
     if name in real_weights.REAL:
-        return real_weights.tiled(name, nbytes, "cuda", shift=copy * 1_000_003)
+        return real_weights.tiled(name, nbytes, "cuda", copy)
     dtype, dist, _ = TENSORS[name]
     n = nbytes // torch.empty(0, dtype=dtype).element_size()
     if dist == "uniform":

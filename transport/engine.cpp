@@ -814,7 +814,6 @@ void Engine::fail(const std::string& why) {
 }
 
 void Engine::conn_torn(uint64_t n) {
-  torn_.store(true);
   last_tear_ns_.store(now_ns());
   const uint64_t tears = tears_.fetch_add(n) + n;
   if (!watched_.load() || gone_.load() >= 0) {
@@ -822,21 +821,23 @@ void Engine::conn_torn(uint64_t n) {
     return;
   }
   if (tears <= quiet_credit_.load()) return;  // quiet closes explain them
-  int64_t until = now_ns() + kStrangerNs;
-  suspect_until_.store(until);
+  suspect_until_.store(now_ns() + kStrangerNs);
   if (gone_.load() >= 0)
     stop_wire(kConnClosed);  // peer_gone ran meanwhile and saw no suspicion yet
-  else if (tears_.load() <= quiet_credit_.load())
-    suspect_until_.compare_exchange_strong(until, 0);  // a quiet goodbye came meanwhile and found none to clear
+  else
+    resume_if_explained();  // a quiet goodbye came meanwhile and found none to clear
+}
+
+void Engine::resume_if_explained() {
+  if (tears_.load() > quiet_credit_.load()) return;
+  int64_t until = suspect_until_.load();
+  if (until) suspect_until_.compare_exchange_strong(until, 0);
 }
 
 void Engine::peer_gone(int peer, bool quiet) {
   if (quiet && trust_quiet_) {
-    const uint64_t credit = quiet_credit_.fetch_add(static_cast<uint64_t>(cfg_.rails)) + cfg_.rails;
-    if (tears_.load() <= credit) {
-      int64_t until = suspect_until_.load();  // the tears so far are explained: posts resume
-      if (until) suspect_until_.compare_exchange_strong(until, 0);
-    }
+    quiet_credit_.fetch_add(static_cast<uint64_t>(cfg_.rails));
+    resume_if_explained();
     return;
   }
   int none = -1;
@@ -893,7 +894,7 @@ void Engine::teardown() {
   for (const auto& r : rails_) keep = keep || r.outstanding.load() > 0;
   {
     std::lock_guard<std::mutex> g(mu_);
-    keep = keep || (torn_.load() && !error_.empty());
+    keep = keep || (tears_.load() > 0 && !error_.empty());
   }
   for (auto& r : rails_) {  // no posted operation outlives this: the provider cancels them
     if (r.ep && !keep) fi_close(&r.ep->fid);

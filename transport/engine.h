@@ -131,6 +131,7 @@ class Engine {
   void fail(const std::string& why);
   void stop_wire(const std::string& why);  // post nothing more: the first failure's text is kept
   void conn_torn(uint64_t n);  // rxm tore n connections down in this thread's last call
+  void resume_if_explained();  // quiet goodbyes explain every tear so far: no suspicion left
   std::string wire_error();
   void teardown();
   Pair& pair(int peer);
@@ -159,10 +160,9 @@ class Engine {
   // nothing more is posted on any rail.
   std::mutex wire_mu_[16];               // per rail (PZ_FABRIC_RAILS <= 16)
   std::atomic<bool> wire_failed_{false};
-  std::atomic<bool> torn_{false};        // rxm tore a connection down: teardown leaves its endpoints open
   std::atomic<bool> watched_{false};     // a liveness watch reports peers that go (peer_gone)
   std::atomic<int> gone_{-1};            // the first peer the watch saw go other than quietly
-  std::atomic<uint64_t> tears_{0};       // connections rxm has torn down
+  std::atomic<uint64_t> tears_{0};       // connections rxm has torn down (any: teardown may leave endpoints open)
   std::atomic<uint64_t> quiet_credit_{0};  // tears quiet goodbyes explain: a rail's connection each
   std::atomic<int64_t> last_tear_ns_{0};   // steady-clock ns of the last tear
   bool trust_quiet_ = false;  // the provider keeps no connection state in unmatched messages (engine.cpp)

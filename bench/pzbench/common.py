@@ -101,7 +101,7 @@ def _nvidia_smi(field: str) -> Optional[str]:
 def bench_tensor(name: str, nbytes: int, rng: np.random.Generator, device: str = "cpu", copy: int = 0) -> torch.Tensor:
     """A synthetic tensor (harness.tensors) or a real weight set, tiled (real_weights; copies start at different elements)."""
     if name in real_weights.REAL:
-        return real_weights.tiled(name, nbytes, device, shift=copy * 1_000_003)
+        return real_weights.tiled(name, nbytes, device, copy)
     return make_tensor(name, nbytes, rng, device)
 
 

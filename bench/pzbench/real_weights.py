@@ -56,10 +56,10 @@ def values(name: str) -> torch.Tensor:
     return _cache[name]
 
 
-def tiled(name: str, nbytes: int, device: str = "cpu", shift: int = 0) -> torch.Tensor:
-    """nbytes of the set, repeated from element `shift` on (copies differ in their alignment to blocks)."""
+def tiled(name: str, nbytes: int, device: str = "cpu", copy: int = 0) -> torch.Tensor:
+    """nbytes of the set, repeated; copy k starts k * 1,000,003 elements in (copies differ in their alignment to blocks)."""
     v = values(name)
-    need, pos, parts = nbytes // 2, shift % v.numel(), []
+    need, pos, parts = nbytes // 2, copy * 1_000_003 % v.numel(), []
     while need > 0:  # slices of the set, not a repeated copy of it
         take = min(need, v.numel() - pos)
         parts.append(v[pos:pos + take])
