@@ -5,6 +5,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/map.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
@@ -22,6 +23,7 @@
 #if defined(PZ_WITH_FABRIC)
 #include "transport/engine.h"
 #endif
+#include "transport/iface.h"
 #include "transport/watch.h"
 
 namespace nb = nanobind;
@@ -471,16 +473,23 @@ NB_MODULE(_C, m) {
                                                 "at build time: install libfabric-dev and rebuild)"); });
 #endif
 
+  // (interface, numeric address) pairs of this host: comm/address.py picks from them.
+  m.def("interfaces", &net::interfaces);
+
   // The liveness watch (transport/watch.h): a heartbeat thread per
   // Communicator; dead() is None or (group rank, why).
   nb::class_<watch::Watch>(m, "LivenessWatch")
       .def("__init__", [](watch::Watch* self, int rank, const std::vector<int64_t>& global, nb::bytes secret,
-                          double silence_s, const std::string& host, const std::string& iface) {
+                          double silence_s, const std::string& host, const std::string& iface, int port_lo,
+                          int port_hi) {
         new (self) watch::Watch(rank, global, std::string(static_cast<const char*>(secret.data()), secret.size()),
-                                silence_s, host, iface);
-      })
+                                silence_s, host, iface, port_lo, port_hi);
+      }, nb::arg("rank"), nb::arg("global_ranks"), nb::arg("secret"), nb::arg("silence_s"), nb::arg("host"),
+         nb::arg("iface"), nb::arg("port_lo") = 0, nb::arg("port_hi") = 0)
       .def("address", &watch::Watch::address)
       .def("connect", &watch::Watch::connect, nb::call_guard<nb::gil_scoped_release>())
+      .def("connect_for", &watch::Watch::connect_for, nb::call_guard<nb::gil_scoped_release>())
+      .def("missing", &watch::Watch::missing)
       .def("dead", [](const watch::Watch& w) -> nb::object {
         int rank;
         std::string why;

@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from .c10d.works import Work as _TorchWork
 from .comm import Communicator, ReduceOp
+from .comm.setup import group_for
 from .comm.stats import merged as merged_stats
 
 _R = dist.ReduceOp.RedOpType
@@ -74,13 +75,25 @@ class _Hook:
         check_options(compress, options)
         self._options = {"compress": compress, **options}
         self._comms: "weakref.WeakKeyDictionary[dist.ProcessGroup, Communicator]" = weakref.WeakKeyDictionary()
+        self._own: list = []  # groups made for them (comm.setup.group_for), closed with them
 
     def communicator(self, group: dist.ProcessGroup, device: torch.device) -> Communicator:
         """The Communicator of group (made now, collectively, if this is the first call with it)."""
         group = group if group is not None else dist.group.WORLD
         c = self._comms.get(group)
         if c is None:
-            c = self._comms[group] = Communicator(group, **{"device": device, **self._options})
+            # A group whose backend cannot move device's tensors (a pz group's NCCL under a CPU model)
+            # gets one of its ranks that can, closed with the Communicator.
+            parent = group_for(group, torch.device(device), self._options.get("timeout"))
+            try:
+                c = Communicator(parent, **{"device": device, **self._options})
+            except BaseException:
+                if parent is not group:
+                    parent.close()
+                raise
+            self._comms[group] = c
+            if parent is not group:
+                self._own.append(parent)
         return c
 
     @property
@@ -91,8 +104,13 @@ class _Hook:
     def close(self) -> None:
         """Finish queued ops and release every Communicator (a later call makes a new one, collectively)."""
         comms, self._comms = list(self._comms.values()), weakref.WeakKeyDictionary()
-        for c in comms:
-            c.close()
+        own, self._own = self._own, []
+        try:
+            for c in comms:
+                c.close()
+        finally:
+            for g in own:
+                g.close()
 
     def allocate(self, size: Sequence[int], *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         return torch.empty(*size, dtype=dtype, device=device)

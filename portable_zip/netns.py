@@ -146,7 +146,11 @@ class Link:
     both ways with delay_us of one-way delay. A context manager: up() on
     entry, down() on exit."""
 
-    def __init__(self, hosts: int = 2, gbit: Optional[float] = None, delay_us: Optional[float] = None):
+    def __init__(self, hosts: int = 2, gbit: Optional[float] = None, delay_us: Optional[float] = None,
+                 debian_hosts: bool = False):
+        """debian_hosts: each host's /etc/hosts maps its own name to 127.0.1.1,
+        as Debian's and Ubuntu's installers write it (the others' names stand
+        in for DNS); else every name maps to its link address."""
         self.gbit = float(gbit if gbit is not None else env_float("PZ_NETNS_GBIT", 5))
         self.delay_us = float(delay_us if delay_us is not None else env_float("PZ_NETNS_DELAY_US", 50))
         if not 2 <= hosts <= MAX_HOSTS:
@@ -156,6 +160,7 @@ class Link:
         if not 0 <= self.delay_us <= 1e6:
             raise ValueError(f"the delay must be 0 to 1e6 us, got {self.delay_us:g}")
         self.hosts = hosts
+        self.debian_hosts = debian_hosts
         tag = f"{PREFIX}{os.getpid()}-{next(_links)}"
         self.hub = f"{tag}-hub"
         self.names = [f"{tag}-{i}" for i in range(hosts)]
@@ -183,17 +188,18 @@ class Link:
         bits = int(self.gbit * 1e9)
         # Every host's address resolves to its name, IPv4-mapped too (c10d's
         # store sees its clients as ::ffff:a.b.c.d and looks them up).
-        names = [("127.0.0.1", "localhost"), ("::1", "localhost")] + \
-            [(a, f"pz-host-{i}") for i, a in enumerate(self.addrs)]
-        hosts = "".join(f"{a} {n}\n" for a, n in names) + \
-            "".join(f"::ffff:{a} {n}\n" for a, n in names if "." in a)
+        def hosts_file(me: int) -> str:
+            names = [("127.0.0.1", "localhost"), ("::1", "localhost")] + \
+                [("127.0.1.1" if i == me and self.debian_hosts else a, f"pz-host-{i}") for i, a in enumerate(self.addrs)]
+            return "".join(f"{a} {n}\n" for a, n in names) + \
+                "".join(f"::ffff:{a} {n}\n" for a, n in names if "." in a)
         try:
-            for ns in [self.hub, *self.names]:
+            for i, ns in enumerate([self.hub, *self.names]):
                 _sh("ip", "netns", "add", ns)
                 self._made.append(ns)
                 os.makedirs(os.path.join(ETC, ns), exist_ok=True)
                 with open(os.path.join(ETC, ns, "hosts"), "w") as f:
-                    f.write(hosts)
+                    f.write(hosts_file(i - 1))
                 _sh("ip", "-n", ns, "link", "set", "lo", "up")
             _sh("ip", "-n", self.hub, "link", "add", "br0", "type", "bridge")
             _sh("ip", "-n", self.hub, "link", "set", "br0", "up")

@@ -12,7 +12,9 @@ import os
 from dataclasses import dataclass, fields
 from typing import Mapping, Optional
 
-WAVE_BYTES = 32 << 20  # each wave costs ~0.2-0.5 ms of host work (PZ_TRACE): few, large waves
+WAVE_BYTES = 32 << 20
+# torch's own interface settings, in the order a listener follows them (after PZ_IFACE).
+TORCH_IFNAMES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "TP_SOCKET_IFNAME")  # each wave costs ~0.2-0.5 ms of host work (PZ_TRACE): few, large waves
 
 
 def _int(env: Mapping[str, str], name: str, default: int) -> int:
@@ -29,6 +31,19 @@ def _float(env: Mapping[str, str], name: str) -> Optional[float]:
         return float(v) if v else None
     except ValueError:
         raise ValueError(f"{name} must be a number, got {v!r}") from None
+
+
+def _port_range(v: str) -> Optional[tuple]:
+    """PZ_PORT_RANGE "LO-HI" (inclusive), or None."""
+    if not v:
+        return None
+    try:
+        lo, hi = (int(x) for x in v.split("-"))
+    except ValueError:
+        raise ValueError(f"PZ_PORT_RANGE must be LO-HI (e.g. 29600-29700), got {v!r}") from None
+    if not 1024 <= lo <= hi <= 65535:
+        raise ValueError(f"PZ_PORT_RANGE must be LO-HI with 1024 <= LO <= HI <= 65535, got {v!r}")
+    return lo, hi
 
 
 def _flag(env: Mapping[str, str], name: str) -> bool:
@@ -48,6 +63,7 @@ class Settings:
     link_latency_us: Optional[float] = None  # PZ_LINK_LATENCY_US
     codec_gbps: Optional[float] = None       # PZ_CODEC_GBPS
     policy_margin: Optional[float] = None    # PZ_POLICY_MARGIN (default 0.05)
+    stats: bool = False              # PZ_STATS=1: each pz group prints what it moved (pz.stats) at destroy_process_group
     heartbeat_timeout: Optional[float] = None  # PZ_HEARTBEAT_TIMEOUT: seconds of a peer's silence that mean it is dead (4)
     # The fabric's, as given: parsed by fabric() when a fabric is made, so a
     # bad value never breaks a Communicator that does not use it.
@@ -57,7 +73,13 @@ class Settings:
     fabric_depth: str = ""           # PZ_FABRIC_DEPTH: chunks in flight per peer and direction (max(4, 2 x rails))
     fabric_stage: bool = False       # PZ_FABRIC_STAGE=1: stage host memory too
     fabric_spin: str = ""            # PZ_FABRIC_SPIN: idle polls before the progress thread sleeps (2000)
-    fabric_iface: str = ""           # PZ_FABRIC_IFACE: the interface endpoints bind to (default: loopback on one host)
+    # Where listeners bind (comm/address.py): PZ_IFACE (alias PZ_FABRIC_IFACE), else torch's
+    # *_SOCKET_IFNAME, else the route to MASTER_ADDR; loopback when every rank is on one host.
+    iface: str = ""                  # PZ_IFACE
+    port_range: Optional[tuple] = None  # PZ_PORT_RANGE "LO-HI": the TCP ports listeners take (default: the kernel's)
+    iface_var: str = "PZ_IFACE"      # which variable named iface (PZ_FABRIC_IFACE is the old name)
+    torch_ifnames: tuple = ()        # ((variable, value), ...) of torch's GLOO/NCCL/TP_SOCKET_IFNAME that are set
+    master_addr: str = ""            # MASTER_ADDR (torchrun's, env://): whose route picks the interface
 
     @classmethod
     def from_env(cls, env: Optional[Mapping[str, str]] = None) -> "Settings":
@@ -74,6 +96,7 @@ class Settings:
             link_latency_us=_float(env, "PZ_LINK_LATENCY_US"),
             codec_gbps=_float(env, "PZ_CODEC_GBPS"),
             policy_margin=_float(env, "PZ_POLICY_MARGIN"),
+            stats=_flag(env, "PZ_STATS"),
             heartbeat_timeout=_float(env, "PZ_HEARTBEAT_TIMEOUT"),
             fabric_provider=env.get("PZ_FABRIC_PROVIDER", ""),
             fabric_rails=env.get("PZ_FABRIC_RAILS", ""),
@@ -81,7 +104,11 @@ class Settings:
             fabric_depth=env.get("PZ_FABRIC_DEPTH", ""),
             fabric_stage=env.get("PZ_FABRIC_STAGE") == "1",
             fabric_spin=env.get("PZ_FABRIC_SPIN", ""),
-            fabric_iface=env.get("PZ_FABRIC_IFACE", ""),
+            iface=env.get("PZ_IFACE") or env.get("PZ_FABRIC_IFACE", ""),
+            iface_var="PZ_FABRIC_IFACE" if env.get("PZ_FABRIC_IFACE") and not env.get("PZ_IFACE") else "PZ_IFACE",
+            port_range=_port_range(env.get("PZ_PORT_RANGE", "")),
+            torch_ifnames=tuple((v, env[v]) for v in TORCH_IFNAMES if env.get(v)),
+            master_addr=env.get("MASTER_ADDR", ""),
         )
         if s.piece_bytes < 0 or s.wave_bytes < 1:
             raise ValueError(f"PZ_PIECE_BYTES must be >= 0 and PZ_WAVE_BYTES >= 1, got {s.piece_bytes}, "
@@ -101,5 +128,7 @@ class Settings:
                 _int(env, "PZ_FABRIC_DEPTH", max(4, 2 * rails)), self.fabric_stage, _int(env, "PZ_FABRIC_SPIN", 2000))
 
 
-# field -> its variable (docs/SETTINGS.md lists each; a test checks).
-NAMES = {f.name: "PZ_" + f.name.upper() for f in fields(Settings)}
+# field -> its variable (docs/SETTINGS.md lists each; a test checks). The
+# rest record which variable was read, or torch's own.
+_NOT_PZ = {"iface_var", "torch_ifnames", "master_addr"}
+NAMES = {f.name: "PZ_" + f.name.upper() for f in fields(Settings) if f.name not in _NOT_PZ}

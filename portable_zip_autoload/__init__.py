@@ -3,31 +3,32 @@
 torch loads the "torch.backends" entry points at the end of `import torch`
 (unless TORCH_DEVICE_BACKEND_AUTOLOAD=0), and turns any error there into a
 failure of `import torch` itself. So this package is tiny and never raises:
-if portable_zip cannot be imported, it warns, and `import portable_zip`
-later gives the real error."""
+if portable_zip cannot be imported, it warns once, saying what failed and
+how to fix it, and `import portable_zip` later gives the real error."""
+
+_warned = False
 
 
 def register() -> None:
     try:
         import portable_zip  # noqa: F401  (portable_zip.c10d registers the backend)
     except Exception as e:  # noqa: BLE001 - torch must import whatever happens here
-        if _unbuilt_checkout():
-            return  # `import torch` from a source checkout's root: its portable_zip has no extension, by design
-        import warnings
-
-        warnings.warn(f"portable_zip: the 'pz' torch.distributed backend is not registered: {type(e).__name__}: {e}",
-                      RuntimeWarning, stacklevel=2)
+        _warn(e)
 
 
-def _unbuilt_checkout() -> bool:
-    """portable_zip resolved to a folder without its built extension (a checkout on sys.path)."""
-    import glob
-    import importlib.util
-    import os
+def _warn(e: Exception) -> None:
+    global _warned
+    if _warned:
+        return
+    _warned = True
+    import warnings
 
+    msg = (f"portable_zip: the 'pz' torch.distributed backend is not registered, as `import portable_zip` "
+           f"failed: {type(e).__name__}: {e} (fix that, or set TORCH_DEVICE_BACKEND_AUTOLOAD=0 to skip "
+           "registering it at `import torch`)")
     try:
-        spec = importlib.util.find_spec("portable_zip")
-    except (ImportError, ValueError):
-        return False
-    path = os.path.dirname(spec.origin or "") if spec is not None else ""
-    return bool(path) and not glob.glob(os.path.join(path, "_C*"))
+        warnings.warn(msg, RuntimeWarning, stacklevel=3)
+    except Exception:  # noqa: BLE001 - warnings made errors (-W error): torch must still import, and say it
+        import sys
+
+        print(f"RuntimeWarning: {msg}", file=sys.stderr)

@@ -112,11 +112,12 @@ class _Bucket:
 
 def ddp_bad_input(rank: int, world: int) -> dict:
     """The DDP hook given an integer bucket, or a state that is not a
-    DDPHookState: the error text of each."""
+    DDPHookState: the error text of each; and the average with state None
+    (the default group's)."""
     out = {}
     state = DDPHookState(compress="always")
     for what, call in (("int64 bucket", lambda: ddp_comm_hook(state, _Bucket(torch.zeros(8, dtype=torch.int64)))),
-                       ("state None", lambda: ddp_comm_hook(None, _Bucket(torch.zeros(8))))):
+                       ("state int", lambda: ddp_comm_hook(7, _Bucket(torch.zeros(8))))):
         try:
             call()
             out[what] = "no error"
@@ -124,6 +125,7 @@ def ddp_bad_input(rank: int, world: int) -> dict:
             out[what] = f"{type(e).__name__}: {e}"
     fut = ddp_comm_hook(state, _Bucket(torch.full((8,), float(rank + 1))))
     out["average"] = fut.wait().tolist()  # divided by world first, then summed: the mean of 1..world
+    out["default"] = ddp_comm_hook(None, _Bucket(torch.full((8,), float(rank + 1)))).wait().tolist()
     state.close()
     return out
 

@@ -131,8 +131,9 @@ def test_hooks_called_directly():
         assert out["async"]
         bad = out["ddp_bad"]
         assert "SUM" in bad["int64 bucket"] and "torch.int64" in bad["int64 bucket"], bad
-        assert bad["state None"].startswith("TypeError") and "DDPHookState" in bad["state None"], bad
+        assert bad["state int"].startswith("TypeError") and "DDPHookState" in bad["state int"], bad
         assert bad["average"] == [2.0] * 8, bad  # (1 + 2 + 3) / 3 on every rank
+        assert bad["default"] == [2.0] * 8, bad  # state None: the default group's, as torch's hooks take it
 
 
 @pytest.mark.parametrize("dtype,op,err,names", [

@@ -17,6 +17,8 @@
 #include <stdexcept>
 
 #include "fabric_lib.h"
+#include <arpa/inet.h>
+
 #include "iface.h"  // PZ_FABRIC_IFACE
 #include "keyed.h"  // tags keyed by the group's secret
 #include "portable_zip/format.h"       // a sized message's length: the stream's own
@@ -157,7 +159,10 @@ std::string probe() { return load_error(); }
 
 std::string bind_address(const std::string& iface, bool same_host) {
   std::string ip;
-  if (!iface.empty()) {  // checked even on one host, where loopback wins: a typo shows at once
+  in_addr numeric{};
+  if (inet_pton(AF_INET, iface.c_str(), &numeric) == 1) {  // the Python side's choice (comm/address.py)
+    ip = iface;
+  } else if (!iface.empty()) {  // checked even on one host, where loopback wins: a typo shows at once
     sockaddr_storage sa;
     socklen_t len;
     net::iface_address(iface, false, &sa, &len);  // IPv4: the engine names its endpoint by a dotted address

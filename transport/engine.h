@@ -51,7 +51,7 @@ struct Config {
   bool same_host = false;     // every rank on this host: auto tries shm first
   int spin = 2000;            // idle polls before the progress thread starts sleeping
   std::string secret;         // the group's 16 random bytes: keys every tag (keyed.h), so only its ranks match
-  std::string iface;          // PZ_FABRIC_IFACE: bind there ("" and not same_host: libfabric's choice)
+  std::string iface;          // an IPv4 address or an interface to bind to ("" and not same_host: libfabric's choice)
 };
 
 struct Chunk;
@@ -187,7 +187,7 @@ class Engine {
 
 std::string probe();  // "" when libfabric loads, else why not
 // The IPv4 address endpoints bind to: loopback when every rank is on this
-// host, else iface's (PZ_FABRIC_IFACE), else "" (libfabric's default).
+// host, else iface (an IPv4 address, or an interface's), else "" (libfabric's default).
 // An unknown interface, or one without an IPv4 address, is invalid_argument.
 std::string bind_address(const std::string& iface, bool same_host);
 

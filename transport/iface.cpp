@@ -40,6 +40,21 @@ void iface_address(const std::string& iface, bool v6_ok, sockaddr_storage* out, 
                               names + ")");
 }
 
+std::vector<std::pair<std::string, std::string>> interfaces() {
+  ifaddrs* all = nullptr;
+  if (getifaddrs(&all)) throw std::runtime_error(std::string("getifaddrs: ") + std::strerror(errno));
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const ifaddrs* a = all; a; a = a->ifa_next) {
+    if (!a->ifa_name || !a->ifa_addr || (a->ifa_addr->sa_family != AF_INET && a->ifa_addr->sa_family != AF_INET6))
+      continue;
+    sockaddr_storage sa{};
+    std::memcpy(&sa, a->ifa_addr, a->ifa_addr->sa_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6));
+    out.emplace_back(a->ifa_name, numeric_host(sa));
+  }
+  freeifaddrs(all);
+  return out;
+}
+
 std::string numeric_host(const sockaddr_storage& sa) {
   char buf[INET6_ADDRSTRLEN] = {};
   const void* a = sa.ss_family == AF_INET ? static_cast<const void*>(&reinterpret_cast<const sockaddr_in&>(sa).sin_addr)

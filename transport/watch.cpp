@@ -84,7 +84,7 @@ bool send_all(int fd, const void* p, size_t n) {  // small messages on a socket 
 
 std::string errno_text(const char* what) { return std::string(what) + ": " + std::strerror(errno); }
 
-// The address to listen on: iface's (IPv4 first), else host's.
+// The address to listen on: iface's (IPv4 first), else host's (port 0: the kernel picks).
 sockaddr_storage bind_address(const std::string& host, const std::string& iface, socklen_t* len) {
   sockaddr_storage out{};
   if (!iface.empty()) {
@@ -102,8 +102,37 @@ sockaddr_storage bind_address(const std::string& host, const std::string& iface,
   return out;
 }
 
+void set_port(sockaddr_storage* sa, int port) {
+  if (sa->ss_family == AF_INET) reinterpret_cast<sockaddr_in*>(sa)->sin_port = htons(uint16_t(port));
+  else reinterpret_cast<sockaddr_in6*>(sa)->sin6_port = htons(uint16_t(port));
+}
+
+// A listening socket on sa: the kernel's port (lo = 0), else the first free
+// one of [lo, hi] from a random start (several Communicators share a range).
+int listen_in_range(sockaddr_storage sa, socklen_t len, int lo, int hi) {
+  const int n = lo ? hi - lo + 1 : 1;
+  const int start = lo ? int(nonce() % uint64_t(n)) : 0;
+  int err = 0;
+  for (int i = 0; i < n; ++i) {
+    if (lo) set_port(&sa, lo + (start + i) % n);
+    const int fd = socket(sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) throw std::runtime_error(errno_text("liveness watch: socket"));
+    if (!bind(fd, reinterpret_cast<sockaddr*>(&sa), len) && !listen(fd, 128)) return fd;
+    err = errno;
+    ::close(fd);
+    if (err != EADDRINUSE) break;
+  }
+  errno = err;
+  if (lo && err == EADDRINUSE)
+    throw std::runtime_error("liveness watch: every port of PZ_PORT_RANGE " + std::to_string(lo) + "-" +
+                             std::to_string(hi) + " is in use on this host");
+  throw std::runtime_error(errno_text("liveness watch: bind/listen"));
+}
+
+}  // namespace
+
 // Half-open handshakes inside connect(): what each fd waits for next.
-struct Pending {
+struct Watch::Pending {
   int fd;
   int peer;        // connector: the lower rank it dials; acceptor: -1 until HELLO names one
   bool dialing;    // ours (to a lower rank) or theirs (accepted)
@@ -114,24 +143,19 @@ struct Pending {
   Clock::time_point at = Clock::now();  // accepted: when (silent strangers are closed after kHandshakeS)
 };
 
-}  // namespace
-
 Watch::Watch(int rank, const std::vector<int64_t>& global, const std::string& secret, double silence_s,
-             const std::string& host, const std::string& iface)
+             const std::string& host, const std::string& iface, int port_lo, int port_hi)
     : rank_(rank), world_(int(global.size())), global_(global), silence_s_(silence_s), peers_(global.size()) {
   if (secret.size() != 16) throw std::invalid_argument("liveness watch: the group secret must be 16 bytes");
   if (rank < 0 || rank >= world_) throw std::invalid_argument("liveness watch: rank out of range");
   if (!(silence_s > 0)) throw std::invalid_argument("liveness watch: the heartbeat timeout must be positive");
+  if (port_lo < 0 || port_hi > 65535 || (port_lo && port_hi < port_lo) || (!port_lo && port_hi))
+    throw std::invalid_argument("liveness watch: bad port range");
   std::memcpy(key_, secret.data(), 16);
+  dial_.assign(global.size(), "");
   socklen_t len = 0;
   sockaddr_storage sa = bind_address(host, iface, &len);
-  listen_fd_ = socket(sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (listen_fd_ < 0) throw std::runtime_error(errno_text("liveness watch: socket"));
-  if (bind(listen_fd_, reinterpret_cast<sockaddr*>(&sa), len) || listen(listen_fd_, 128)) {
-    const std::string e = errno_text("liveness watch: bind/listen");
-    ::close(listen_fd_);
-    throw std::runtime_error(e);
-  }
+  listen_fd_ = listen_in_range(sa, len, port_lo, port_hi);
   nonblocking(listen_fd_);
   len = sizeof sa;
   getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&sa), &len);
@@ -144,22 +168,55 @@ Watch::~Watch() { close(); }
 
 std::string Watch::address() const { return address_; }
 
+std::string Watch::at(int peer) const {  // "host port" -> "host:port" ([v6]:port)
+  const std::string& a = dial_[peer];
+  const auto sp = a.rfind(' ');
+  if (sp == std::string::npos) return a;
+  const std::string h = a.substr(0, sp);
+  return (h.find(':') != std::string::npos ? "[" + h + "]" : h) + ":" + a.substr(sp + 1);
+}
+
 std::string Watch::who(int peer) const {
   return "rank " + std::to_string(peer) + " (global " + std::to_string(global_[peer]) + ")";
 }
 
 void Watch::connect(const std::vector<std::string>& addrs, double timeout_s) {
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
+  while (!connect_for(addrs, std::max(0.0, since(Clock::now(), deadline)))) {
+    if (Clock::now() >= deadline) {
+      std::string who_missing;
+      for (int r : missing()) who_missing += (who_missing.empty() ? "" : ", ") + who(r);
+      for (auto& q : pend_) ::close(q.fd);
+      pend_.clear();
+      for (auto& peer : peers_)
+        if (peer.fd >= 0) ::close(peer.fd), peer.fd = -1;
+      char t[32];
+      snprintf(t, sizeof t, "%g", timeout_s);
+      throw std::runtime_error("liveness watch: " + who_missing + " did not connect within " + t + " s");
+    }
+  }
+}
+
+std::vector<int> Watch::missing() const {
+  std::vector<int> out;
+  for (int r = 0; r < world_; ++r)
+    if (r != rank_ && peers_[r].fd < 0) out.push_back(r);
+  return out;
+}
+
+bool Watch::connect_for(const std::vector<std::string>& addrs, double slice_s) {
   if (int(addrs.size()) != world_) throw std::invalid_argument("liveness watch: one address per rank expected");
   if (thread_.joinable() || closed_) throw std::runtime_error("liveness watch: connect() runs once, before close()");
-  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
-  std::vector<Pending> pend;
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(slice_s));
+  std::vector<Pending>& pend = pend_;
   auto drop = [&](size_t i) { ::close(pend[i].fd), pend.erase(pend.begin() + long(i)); };
   auto cleanup = [&] {
     for (auto& q : pend) ::close(q.fd);
+    pend.clear();
     for (auto& peer : peers_)
       if (peer.fd >= 0) ::close(peer.fd), peer.fd = -1;
   };
-  for (int j = 0; j < rank_; ++j) {  // dial every lower rank
+  for (int j = 0; j < rank_ && !dialed_; ++j) {  // dial every lower rank, on the first call
     const auto sp = addrs[j].rfind(' ');
     addrinfo hints{}, *res = nullptr;
     hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV;
@@ -169,27 +226,24 @@ void Watch::connect(const std::vector<std::string>& addrs, double timeout_s) {
       cleanup();
       throw std::invalid_argument("liveness watch: rank " + std::to_string(j) + " published a bad address");
     }
+    dial_[j] = addrs[j];
     const int fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd >= 0) nonblocking(fd);
     const int rc = fd < 0 ? -1 : ::connect(fd, res->ai_addr, res->ai_addrlen);
     freeaddrinfo(res);
     if (rc && (fd < 0 || errno != EINPROGRESS)) {
-      const std::string e = errno_text(("liveness watch: connecting to " + who(j)).c_str());
+      const std::string e = errno_text(("liveness watch: connecting to " + who(j) + " at " + at(j)).c_str());
       if (fd >= 0) ::close(fd);
       cleanup();
       throw std::runtime_error(e);
     }
     pend.push_back({fd, j, true});
   }
-  int left = world_ - 1;
+  dialed_ = true;
+  int left = int(missing().size());
   while (left > 0) {
     const auto now = Clock::now();
-    if (now >= deadline) {
-      cleanup();
-      char t[32];
-      snprintf(t, sizeof t, "%g", timeout_s);
-      throw std::runtime_error(std::string("liveness watch: a peer did not connect within ") + t + " s");
-    }
+    if (now >= deadline) return false;  // a slice's end: the caller checks its peers, then calls again
     std::vector<pollfd> fds{{listen_fd_, POLLIN, 0}};
     for (auto& q : pend) fds.push_back({q.fd, short(q.dialing && q.stage == 0 ? POLLOUT : POLLIN), 0});
     const int ms = int(std::min<double>(200, since(now, deadline) * 1000 + 1));
@@ -208,7 +262,8 @@ void Watch::connect(const std::vector<std::string>& addrs, double timeout_s) {
         socklen_t l = sizeof err;
         getsockopt(q.fd, SOL_SOCKET, SO_ERROR, &err, &l);
         if (err) {
-          const std::string e = "liveness watch: connecting to " + who(q.peer) + ": " + std::strerror(err);
+          const std::string e = "liveness watch: connecting to " + who(q.peer) + " at " + at(q.peer) + ": " +
+                                std::strerror(err);
           cleanup();
           throw std::runtime_error(e);
         }
@@ -315,6 +370,7 @@ void Watch::connect(const std::vector<std::string>& addrs, double timeout_s) {
   const auto now = Clock::now();
   for (auto& p : peers_) p.heard = now;
   thread_ = std::thread([this] { run(); });
+  return true;
 }
 
 bool Watch::failed(int* rank, std::string* why) const {
@@ -472,6 +528,8 @@ void Watch::close() {
     thread_.join();
   }
   if (aborter_.joinable()) aborter_.join();
+  for (auto& q : pend_) ::close(q.fd);  // a connect_for() given up between slices
+  pend_.clear();
   for (auto& p : peers_)
     if (p.fd >= 0) ::close(p.fd), p.fd = -1;
   for (int* fd : {&listen_fd_, &wake_[0], &wake_[1]})

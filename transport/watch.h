@@ -27,8 +27,9 @@ class Watch {
  public:
   // host: the numeric address to listen on; iface (if not empty) wins: its
   // first IPv4 address (else IPv6). global: every group rank's global rank.
+  // port_lo..port_hi: the ports it may listen on (0, 0: the kernel picks).
   Watch(int rank, const std::vector<int64_t>& global, const std::string& secret, double silence_s,
-        const std::string& host, const std::string& iface);
+        const std::string& host, const std::string& iface, int port_lo = 0, int port_hi = 0);
   ~Watch();
   Watch(const Watch&) = delete;
   Watch& operator=(const Watch&) = delete;
@@ -38,6 +39,11 @@ class Watch {
   // the higher ones, both ends authenticated; then the heartbeat thread
   // starts. Throws on a timeout or a bad address.
   void connect(const std::vector<std::string>& addrs, double timeout_s);
+  // The same in slices: false when slice_s ends first (call again; the
+  // caller checks meanwhile whether a peer gave up), true once connected.
+  // Throws on a refused dial, a bad address or a failed handshake.
+  bool connect_for(const std::vector<std::string>& addrs, double slice_s);
+  std::vector<int> missing() const;  // ranks not connected yet
   // The first failure seen: a peer's death, or a peer that closed while this
   // rank waited on it. False while every peer lives.
   bool failed(int* rank, std::string* why) const;
@@ -67,6 +73,11 @@ class Watch {
     Peer() = default;
     Peer(const Peer&) : Peer() {}       // for vector construction only
   };
+  struct Pending;
+  std::vector<Pending> pend_;  // connect_for's half-open handshakes, kept across slices
+  std::vector<std::string> dial_;  // one per rank
+  bool dialed_ = false;
+  std::string at(int peer) const;  // the address dialed for a lower rank
   void run();
   void fail(int peer, const std::string& why);
   std::string who(int peer) const;

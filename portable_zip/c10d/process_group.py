@@ -9,6 +9,7 @@ Communicator's queued ones, and ours first finish outstanding forwarded
 ones, so two ops on one tensor never run out of order."""
 from __future__ import annotations
 
+import sys
 import threading
 from typing import Dict, List, Optional
 
@@ -24,7 +25,7 @@ from ..comm.groups import swap_through_store
 from ..comm.deadline import Deadline
 from ..comm.setup import timeout_of
 from ..settings import Settings
-from . import works
+from . import report, works
 from .options import Options
 from .p2p import P2P
 from .staged import staged
@@ -108,6 +109,8 @@ class ProcessGroupPZ(dist.ProcessGroup):
         self.timeout = timeout_of(options.timeout if options.timeout is not None else
                                   (s.timeout if s.timeout is not None else timeout), s)
         self.devices = frozenset(devices)
+        self._report = s.stats  # PZ_STATS=1: a summary line at shutdown
+        self._name = name
         self._inner: Dict[str, Group] = {}
         self._p2ps: Dict[str, P2P] = {}
         self._comms: Dict[str, Communicator] = {}
@@ -419,6 +422,10 @@ class ProcessGroupPZ(dist.ProcessGroup):
         with self._lock:
             if self._closed:
                 return
+            if self._report:
+                line = report.summary(self.stats, self._name, self.rank(), self.size())
+                if line:
+                    print(line, file=sys.stderr, flush=True)
             self._closed = True
             comms, self._comms = list(self._comms.values()), {}
             for c in comms:

@@ -21,6 +21,7 @@ from . import agree, calibration, native
 from . import collectives as coll
 from .collectives import ReduceOp
 from .deadline import Deadline
+from .groups import give_up
 from .pieces import Call, Plan, Result
 from .pipeline import exchange
 from .plans import Plans
@@ -96,7 +97,8 @@ class Communicator:
         self._entry, self._inside = threading.Lock(), None  # one thread inside an op at a time (work.exclusive)
         try:
             self._connect(s, transport, domains, device, (link_gbps, latency_us, codec_gbps, margin))
-        except BaseException:
+        except BaseException as e:
+            give_up(self.group, f"{type(e).__name__}: {e}")  # ranks still constructing raise now, not at the timeout
             self._release()  # a failed construction keeps no threads, sockets or group
             raise
 

@@ -24,25 +24,29 @@ def device_kind(device: torch.device) -> str:
     return "cpu"
 
 
-def rank_facts(group, device: torch.device, deadline: Deadline, domains=None) -> List[dict]:
-    """Every rank's {kind, host, build, domains (its domains= argument)},
-    swapped through the job's store (keyed by the private group's unique name)."""
+def rank_facts(group, device: torch.device, deadline: Deadline, domains=None, listen=None) -> List[dict]:
+    """Every rank's {kind, host, build, domains (its domains= argument),
+    addr and why (its listening candidate, address.py)}, swapped through the
+    job's store (keyed by the private group's unique name)."""
     build = _device.vendor() if _device.has_code() else "cpu"  # the device code this rank's build can run
-    me = f"{device_kind(device)}|{socket.gethostname()}|{build}:{_C.format_version}|{_canonical(domains)}"
+    addr, why = (listen.ip, listen.why.replace("|", "/")) if listen is not None else ("", "")
+    me = (f"{device_kind(device)}|{socket.gethostname()}|{build}:{_C.format_version}|{_canonical(domains)}|"
+          f"{addr}|{why}")
     return swap_through_store(group, "facts", me, deadline, "its device facts", parse=parse_facts)
 
 
 def parse_facts(v: bytes) -> dict:
-    """One rank's record (kind|host|build:format|domains); ValueError if it is not one."""
+    """One rank's record (kind|host|build:format|domains[|addr|why]); ValueError if it is not one."""
     fields = v.decode().split("|")
-    if len(fields) != 4:
-        raise ValueError(f"{len(fields)} '|'-separated fields, not 4")
-    kind, host, build, doms = fields
+    if len(fields) not in (4, 6):
+        raise ValueError(f"{len(fields)} '|'-separated fields, not 6")
+    kind, host, build, doms = fields[:4]
+    addr, why = fields[4:] if len(fields) == 6 else ("", "")
     if kind not in ("cuda", "rocm", "cpu"):
         raise ValueError(f"device kind {kind!r} is none of cuda, rocm, cpu")
     if build.count(":") != 1:
         raise ValueError(f"build {build!r} is not vendor:format")
-    return {"kind": kind, "host": host, "build": build, "domains": doms}
+    return {"kind": kind, "host": host, "build": build, "domains": doms, "addr": addr, "why": why}
 
 
 def _canonical(domains) -> str:

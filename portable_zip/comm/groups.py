@@ -5,13 +5,13 @@ some other writer left (another run, a stale or garbled value) fails to
 verify and raises MismatchError naming its key, on every rank."""
 from __future__ import annotations
 
-import datetime
 import hashlib
 import hmac
+import time
 from typing import Callable, List, Optional
 
 from .deadline import Deadline
-from .errors import MismatchError, PeerTimeout
+from .errors import MismatchError, PeerError, PeerTimeout
 
 _MAC = 16  # bytes of blake2b tag in front of each record
 
@@ -27,6 +27,65 @@ def _tag(secret: bytes, topic: str, rank: int, v: bytes) -> bytes:
     h.update(f"{topic}\0{rank}\0".encode())
     h.update(v)
     return h.digest()
+
+
+_FAILED = "failed"  # a rank that gives up during construction says why here; the first one stays
+POLL_S = 0.1      # how often, at most, a waiting rank looks for that
+
+
+def give_up(group, why: str) -> None:
+    """Tell every rank of group, waiting in construction, that this one failed
+    (sealed: nothing outside the job can fake it). Best effort: the store may be gone."""
+    rec = seal(group.secret, _FAILED, group.rank, f"{group.rank}|{why}")
+    try:
+        group.store.compare_set(_FAILED, "", rec)
+    except Exception:  # noqa: BLE001 - a store without compare_set, or one already gone
+        try:
+            group.store.set(_FAILED, rec)
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def gave_up(group) -> Optional[PeerError]:
+    """The PeerError for the rank that gave up, if one did."""
+    try:
+        if not group.store.check([_FAILED]):
+            return None
+        rec = group.store.get(_FAILED)
+    except Exception:  # noqa: BLE001 - the store is gone: its host (global rank 0) left
+        return PeerError("the job's store is unreachable: global rank 0, which holds it, has likely failed")
+    for j in range(group.size):
+        try:
+            who, _, why = opened(group, _FAILED, j, rec, "its failure").decode().partition("|")
+        except MismatchError:
+            continue
+        if int(who) == j:
+            return PeerError(f"rank {j} (global {group.ranks[j]}) failed while the group was being built: {why}")
+    return None
+
+
+def wait_watching(group, keys: List[str], deadline: Deadline, what: str) -> None:
+    """Wait until every key is in the store, raising at once if a rank gave
+    up (give_up), else PeerTimeout naming the keys never written. Polls with
+    check() (a timed-out store.wait() logs two warnings each time), backing
+    off from 1 ms to POLL_S."""
+    store, nap = group.store, 0.001
+    while True:
+        try:
+            if store.check(keys):
+                return
+        except Exception as e:  # noqa: BLE001 - the store's error type varies by torch version
+            raise PeerTimeout(f"the job's store failed while waiting for {what} (its host, global rank 0, has "
+                              f"likely failed): {e}") from None
+        err = gave_up(group)
+        if err is not None:
+            raise err
+        if time.monotonic() >= deadline.at:
+            late = [k for k in keys if not store.check([k])]
+            raise PeerTimeout(f"a peer did not publish {what} within {deadline.timeout:g} s (missing: "
+                              f"{', '.join(late)})")
+        time.sleep(nap)
+        nap = min(nap * 2, POLL_S)
 
 
 def store_key(group, topic: str, rank: int) -> str:
@@ -61,18 +120,17 @@ def swap_through_store(group, topic: str, value, deadline: Deadline, what: str,
     prefix = f"{topic}/"
     store.set(prefix + str(group.rank), seal(group.secret, topic, group.rank, value))
     keys = [prefix + str(j) for j in range(group.size)]
+    wait_watching(group, keys, deadline, what)
     try:
-        store.wait(keys, datetime.timedelta(seconds=deadline.left()))
         records = [store.get(k) for k in keys]
         # The store lives in global rank 0, which leaves only once every member
         # has read: a rank that raises on what it read (a mismatch) and exits
         # must not take the store down under a peer still reading.
         store.set(prefix + "read/" + str(group.rank), "1")
-        if group.ranks[group.rank] == 0:
-            store.wait([prefix + "read/" + str(j) for j in range(group.size)],
-                       datetime.timedelta(seconds=deadline.left()))
-    except Exception as e:  # noqa: BLE001 - the store's timeout error type varies by torch version
-        raise PeerTimeout(f"a peer did not publish {what} within {deadline.timeout:g} s ({e})") from None
+    except Exception as e:  # noqa: BLE001 - the store's error type varies by torch version
+        raise PeerError(f"the job's store failed while reading {what}: {e}") from None
+    if group.ranks[group.rank] == 0:
+        wait_watching(group, [prefix + "read/" + str(j) for j in range(group.size)], deadline, what)
     values = [opened(group, topic, j, r, what) for j, r in enumerate(records)]
     if parse is None:
         return values

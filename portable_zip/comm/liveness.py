@@ -7,55 +7,71 @@ once). The transport that holds it closes it."""
 from __future__ import annotations
 
 import contextlib
-import socket
+import re
 import time
 from typing import Iterable, List, Sequence
 
 from .. import _C
 from ..settings import Settings
 from .deadline import Deadline
+from .address import SETTINGS_HINT, Listen
 from .errors import PeerError, PeerTimeout
-from .groups import swap_through_store
+from .groups import POLL_S, gave_up, swap_through_store
 from .transports.base import Op, Transport
 
 HEARTBEAT_TIMEOUT = 4.0  # PZ_HEARTBEAT_TIMEOUT's default
+
+
+def _hostport(a: str) -> str:
+    host, _, port = a.rpartition(" ")
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _explained(err: str, facts: List[dict]) -> str:
+    """A failed dial, with why the peer listens where it does."""
+    m = re.search(r"connecting to rank (\d+) ", err)
+    if not m:
+        return err
+    f = facts[int(m.group(1))]
+    why = f" (rank {m.group(1)} on host {f['host']} listens there, chosen by {f['why']})" if f.get("why") else ""
+    return f"{err}{why}: {SETTINGS_HINT}"
+
+
 # What a transport says when it saw a connection end but cannot tell whose,
 # or why (a dead peer and one that closed its Communicator look alike there).
 _VAGUE = ("a peer's connection closed", "peer likely dead")
 
 
-def listen_on(facts: List[dict], settings: Settings):
-    """(host, iface) the watch listens on: loopback when every rank is on one
-    host, else PZ_FABRIC_IFACE's address, else this host's name's address."""
-    if len({f["host"] for f in facts}) == 1:
-        return "127.0.0.1", ""
-    if settings.fabric_iface:
-        return "", settings.fabric_iface
-    try:
-        return socket.gethostbyname(socket.gethostname()), ""
-    except OSError as e:
-        raise RuntimeError(f"the liveness watch needs this host's address, and its name {socket.gethostname()!r} "
-                           f"does not resolve ({e}): set PZ_FABRIC_IFACE to the interface the job uses") from None
-
-
 class Liveness:
-    """Collective: every rank of group makes one at construction."""
+    """Collective: every rank of group makes one at construction, listening
+    at `listen` (address.py: where its peers can reach it)."""
 
-    def __init__(self, group, facts: List[dict], settings: Settings, deadline: Deadline):
+    def __init__(self, group, facts: List[dict], settings: Settings, deadline: Deadline, listen: Listen):
         silence = HEARTBEAT_TIMEOUT if settings.heartbeat_timeout is None else settings.heartbeat_timeout
-        host, iface = listen_on(facts, settings)
+        lo, hi = settings.port_range or (0, 0)
         self.peers = [p for p in range(group.size) if p != group.rank]
-        self._w = _C.LivenessWatch(group.rank, list(group.ranks), group.secret, float(silence), host, iface)
+        self._w = _C.LivenessWatch(group.rank, list(group.ranks), group.secret, float(silence), listen.ip, "", lo, hi)
         try:
-            addrs = swap_through_store(group, "watch", self._w.address(), deadline, "its liveness watch address")
-            self._w.connect([a.decode() for a in addrs], float(deadline.left()))
-        except RuntimeError as e:
+            addrs = [a.decode() for a in swap_through_store(group, "watch", self._w.address(), deadline,
+                                                             "its liveness watch address")]
+            # In slices: a peer that cannot reach this rank gives up (groups.give_up), and
+            # this rank must hear of it at once rather than wait out the whole timeout.
+            while not self._w.connect_for(addrs, min(POLL_S, deadline.left())):
+                err = gave_up(group)
+                if err is not None:
+                    raise err
+                if time.monotonic() >= deadline.at:
+                    late = ", ".join(f"rank {r} (global {group.ranks[r]}, host {facts[r]['host']})"
+                                     for r in self._w.missing())
+                    raise PeerTimeout(f"liveness watch: {late} did not connect to this rank at "
+                                      f"{_hostport(self._w.address())} (chosen by {listen.why}) within "
+                                      f"{deadline.timeout:g} s: a firewall, or an address they cannot reach; "
+                                      f"{SETTINGS_HINT}")
+        except BaseException as e:
             self._w.close()
-            if isinstance(e, PeerError):
+            if isinstance(e, PeerError) or not isinstance(e, RuntimeError):
                 raise
-            if "did not connect within" in str(e):
-                raise PeerTimeout(f"{e} (timeout {deadline.timeout:g} s)") from None
-            raise PeerError(str(e)) from None
+            raise PeerError(_explained(str(e), facts)) from None
 
     def dead(self):
         """None, or (group rank, why) of the first failure: a dead peer, or one

@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 
 from ..settings import Settings
+from . import address
 from . import domains as dom
 from .deadline import Deadline
 from .group import Group
@@ -62,6 +63,21 @@ def device_of(device, group: Group) -> torch.device:
     return torch.device("cpu")
 
 
+def group_for(group, device: torch.device, timeout) -> object:
+    """What a hook's Communicator is made over: group itself where the
+    backend a Communicator over it runs on moves device's tensors, else a
+    group of its ranks on the backend that does (gloo for the CPU, NCCL for
+    GPUs). A pz group on a machine with a GPU runs NCCL, and a CPU model
+    there must not (two ranks on one GPU: "Duplicate GPU detected")."""
+    want = "nccl" if device.type == "cuda" else "gloo"
+    runs = str(dist.get_backend(group))
+    if runs not in ("gloo", "nccl") and hasattr(group, "inner_backend"):
+        runs = group.inner_backend()  # as Group.of picks for a pz group
+    if runs == want:
+        return group
+    return Group.of(group, timeout_of(timeout, Settings.from_env()), backend=want)
+
+
 def private_group(parent, timeout: float) -> Group:
     """A new group of parent's ranks (a torch group, or the pz backend's
     Group): ops queued on our worker never share tags or sequence numbers
@@ -77,7 +93,8 @@ def open_transport(group: Group, device: torch.device, transport: str, domains, 
     transport='fabric'): the fabric engine between them, each domain's
     native backend inside."""
     rank, world = group.rank, group.size
-    facts = dom.rank_facts(group, device, Deadline(timeout), domains)
+    mine = address.candidate(settings, group.store)
+    facts = dom.rank_facts(group, device, Deadline(timeout), domains, mine)
     dom.check_facts(facts)
     all_gpu = all(f["kind"] != "cpu" for f in facts)
     doms = dom.resolve(domains, facts, transport)
@@ -92,7 +109,7 @@ def open_transport(group: Group, device: torch.device, transport: str, domains, 
         tp = TorchDistTransport(group)
         if device != tp.device:
             raise ValueError(f"device={device} but group backend '{tp.backend}' moves {tp.device.type} tensors")
-        tp.watch = _watch(tp, group, facts, settings, timeout)
+        tp.watch = _watch(tp, group, facts, settings, timeout, _listen(mine, facts, rank))
         if tp.backend == "nccl":
             lib = "RCCL" if torch.version.hip else "NCCL"
             why = f"group backend 'nccl' on {'ROCm' if torch.version.hip else 'CUDA'} torch: {lib}, GPU tensors"
@@ -107,8 +124,9 @@ def open_transport(group: Group, device: torch.device, transport: str, domains, 
                            ", ".join(sorted({f['kind'] for f in facts})) + "), which only the fabric transport "
                            f"connects, and it is unavailable: {why}")
     same_host = len({f["host"] for f in facts}) == 1
-    fab = fabric.FabricTransport(group, device, settings, same_host)
-    watched = Watched(fab, _watch(fab, group, facts, settings, timeout))
+    listen = _listen(mine, facts, rank)
+    fab = fabric.FabricTransport(group, device, settings, same_host, listen.ip)
+    watched = Watched(fab, _watch(fab, group, facts, settings, timeout, listen))
     mixed = any(len(d) > 1 for d in doms)
     tp: Transport = watched
     if mixed:
@@ -123,11 +141,15 @@ def open_transport(group: Group, device: torch.device, transport: str, domains, 
     return Layout(tp, doms, domain_of, False, mixed, hier, all_gpu, backend)
 
 
-def _watch(tp: Transport, group: Group, facts, settings: Settings, timeout: float) -> Liveness:
+def _listen(mine: address.Listen, facts, rank: int) -> address.Listen:
+    return address.choose(mine, [f["host"] for f in facts], [f["addr"] for f in facts], rank)
+
+
+def _watch(tp: Transport, group: Group, facts, settings: Settings, timeout: float, listen: address.Listen) -> Liveness:
     """The liveness watch of this Communicator, made once its transport is
     (collective); construction that fails closes the transport."""
     try:
-        return Liveness(group, facts, settings, Deadline(timeout))
+        return Liveness(group, facts, settings, Deadline(timeout), listen)
     except BaseException:
         tp.close()
         raise

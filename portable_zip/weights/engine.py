@@ -174,7 +174,7 @@ class _Engine:
             w.wait()
         # 3. apply and verify
         failed = [[c.id, why] for c, buf in recvs for why in [self._land(part, c, buf, head[c.id])] if why]
-        st["raw_bytes"] += sum(P.chunk_bytes(c, part.meta) for c in inc)
+        st["raw_bytes"] += sum(P.chunk_bytes(c, part.meta) for c in out + inc)  # a rank sends or receives
         # 4. status: every rank learns which chunks failed; those travel full again now
         fails = [f for r in wire.gather(comm, failed) for f in r]
         if not fails:

@@ -56,10 +56,14 @@ def run(rank, port, steps):
     dist.destroy_process_group()
 
 
-def main(steps: int = 4):
+DEFAULT_STEPS = 4
+
+
+def main(steps: int = DEFAULT_STEPS) -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     mp.spawn(run, args=(port, steps), nprocs=2)
+    return 0
 

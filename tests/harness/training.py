@@ -25,6 +25,9 @@ import torch.nn.functional as F
 from .ranks import run_ranks
 
 VOCAB, D_MODEL, HEADS, LAYERS, FF, SEQ, BATCH = 128, 64, 4, 2, 256, 16, 4
+# Where the fresh worlds' store is reached (rank 0 serves it on every interface):
+# loopback for local ranks; a multi-host run (tests/cluster_worker.py) sets MASTER_ADDR.
+STORE_HOST = "127.0.0.1"
 BUCKET_MB = 0.1  # DDP buckets of ~100 KB: several per step, so hooks overlap and complete out of step
 
 
@@ -291,11 +294,11 @@ class Worlds:
         self.first = dist.get_backend()
         port = [None]
         if rank == 0:
-            self.store = dist.TCPStore("127.0.0.1", 0, world, is_master=True, wait_for_workers=False)
+            self.store = dist.TCPStore(STORE_HOST, 0, world, is_master=True, wait_for_workers=False)
             port = [self.store.port]
         dist.broadcast_object_list(port, src=0)
         if rank != 0:
-            self.store = dist.TCPStore("127.0.0.1", port[0], world, is_master=False)
+            self.store = dist.TCPStore(STORE_HOST, port[0], world, is_master=False)
 
     def enter(self, backend: Optional[str] = None, pg_options=None) -> None:
         """Replace the default world with a fresh one of backend (None: the first world's)."""

@@ -13,6 +13,7 @@ import torch
 
 from ... import _C, _device
 from ...settings import Settings
+from .. import address
 from ..deadline import Deadline
 from ..errors import MismatchError, PeerError, PeerTimeout
 from ..groups import swap_through_store
@@ -40,7 +41,8 @@ class FabricTransport(Transport):
     sized = True
     costs = FABRIC_COSTS
 
-    def __init__(self, group, device: torch.device, settings: Settings, same_host: bool):
+    def __init__(self, group, device: torch.device, settings: Settings, same_host: bool, bind: Optional[str] = None):
+        """bind: the address to listen on (address.py's choice); None: PZ_IFACE's, else libfabric's."""
         why = available()
         if why:
             raise RuntimeError(f"transport='fabric' is unavailable: {why}")
@@ -51,11 +53,16 @@ class FabricTransport(Transport):
             os.environ.setdefault("FI_HMEM", "system")  # a CPU rank: libfabric leaves CUDA/ROCr alone
         else:
             _device.require()  # the engine's staging copies use the vendor runtime
+        if bind is None:
+            bind = address.iface_ip(settings.iface, settings.iface_var)[0] if settings.iface else ""
+        if settings.port_range:  # read once per process, by libfabric's tcp provider (rxm's connections)
+            os.environ.setdefault("FI_TCP_PORT_LOW_RANGE", str(settings.port_range[0]))
+            os.environ.setdefault("FI_TCP_PORT_HIGH_RANGE", str(settings.port_range[1]))
         provider, rails, chunk, depth, stage, spin = settings.fabric()
         try:
             self.engine = _C.FabricEngine(provider, rails, chunk, depth, stage,
                                           device.index if device.type == "cuda" else -1, self.rank, self.world,
-                                          same_host, spin, group.secret, settings.fabric_iface)
+                                          same_host, spin, group.secret, bind if ":" not in bind else "")
         except RuntimeError as e:
             raise RuntimeError(f"transport='fabric': {e}") from None
         self.info = self.engine.info()
