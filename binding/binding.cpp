@@ -505,7 +505,7 @@ NB_MODULE(_C, m) {
 #if defined(PZ_WITH_FABRIC)
       // A failure aborts the engine: its blocked wait raises why at once.
       .def("attach", [](watch::Watch& w, fabric::Engine& e) {
-        e.set_watched();
+        e.set_watched([&w] { return w.peer_down_now(); });
         w.attach([&e](const std::string& why) { e.abort(why); }, [&e](int peer, bool quiet) { e.peer_gone(peer, quiet); },
                  [&e] { return e.quiet(); });
       }, nb::keep_alive<1, 2>())

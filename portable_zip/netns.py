@@ -8,8 +8,8 @@ codec's pay-off over a network shows on any Linux machine (root, iproute2).
 
 From Python: `with Link(hosts=2, gbit=1) as link: link.measure(); link.run([...], per_host=2)`.
 
-Layout: namespace pznet<pid>-<n>-hub holds a bridge (n counts this process's
-links); host i is namespace pznet<pid>-<n>-<i> with loopback and one veth, `pzlink`, at 10.213.0.<i+1>/24,
+Layout: namespace pznet<pid>x<random>-<n>-hub holds a bridge (n counts this
+process's links); host i is namespace pznet<pid>x<random>-<n>-<i> with loopback and one veth, `pzlink`, at 10.213.0.<i+1>/24,
 whose peer is a bridge port. tbf limits both directions of every host's link
 (the host's egress and the bridge port's egress toward it), so any two hosts
 meet at the rate, and N-to-1 traffic shares the receiver's rate as it would at
@@ -29,9 +29,12 @@ Standard library only: ci/netns runs this file with any Python 3.10+."""
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import itertools
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -48,6 +51,7 @@ PREFIX = "pznet"
 MTU = 9000  # jumbo frames, as cluster networks run: a sixth of the packets to shape per byte
 MAX_HOSTS = 64
 ETC = "/etc/netns"  # ip netns exec mounts ETC/<ns>/hosts over /etc/hosts
+LOCKS = "/run/pznet"  # a run holds LOCKS/<tag>.lock (flock) while its namespaces live
 _MARK = "PZ_NETNS_RESULT "  # a probe's result line
 _links = itertools.count()  # a process may build links one after another, or at once
 
@@ -109,13 +113,43 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _lock_path(tag: str) -> str:
+    return os.path.join(LOCKS, tag + ".lock")
+
+
+def _owned(tag: str) -> bool:
+    """Whether a live process holds tag's lock. A lock, not a pid: a run in
+    another PID namespace has pids this one cannot see (or shares its own),
+    but the kernel drops a dead process's flock wherever it ran."""
+    try:
+        fd = os.open(_lock_path(tag), os.O_RDWR)
+    except FileNotFoundError:
+        return False  # a run takes its lock before it makes a namespace: none left means none owns it
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
 def _remove_stale() -> None:
-    """Namespaces left by a run whose process is gone (killed with SIGKILL)."""
+    """Namespaces (and lock files) left by a run whose process is gone (killed with SIGKILL)."""
+    tags = {}
     for line in _sh("ip", "netns", "list").splitlines():
         name = line.split()[0] if line.split() else ""
-        pid = name[len(PREFIX):].split("-")[0]
-        if name.startswith(PREFIX) and pid.isdigit() and not _alive(int(pid)):
-            _delete(name)
+        if name.startswith(PREFIX) and "-" in name:
+            tags.setdefault(name.rsplit("-", 1)[0], []).append(name)
+    for tag, names in tags.items():
+        pid = tag[len(PREFIX):].split("-")[0]
+        if pid.isdigit() and _alive(int(pid)):  # an older version's run, which takes no lock: its pid in our view
+            continue
+        if not _owned(tag):
+            for ns in names:
+                _delete(ns)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(_lock_path(tag))
 
 
 def _delete(ns: str) -> None:
@@ -161,7 +195,10 @@ class Link:
             raise ValueError(f"the delay must be 0 to 1e6 us, got {self.delay_us:g}")
         self.hosts = hosts
         self.debian_hosts = debian_hosts
-        tag = f"{PREFIX}{os.getpid()}-{next(_links)}"
+        # Random as well as the pid: runs in PID namespaces can share a pid.
+        tag = f"{PREFIX}{os.getpid()}x{secrets.token_hex(3)}-{next(_links)}"
+        self.tag = tag
+        self._lock = -1  # the fd whose flock says this run is alive (_owned)
         self.hub = f"{tag}-hub"
         self.names = [f"{tag}-{i}" for i in range(hosts)]
         self.addrs = [f"{SUBNET}.{i + 1}" for i in range(hosts)]
@@ -185,6 +222,9 @@ class Link:
         if why:
             raise LinkError(why)
         _remove_stale()
+        os.makedirs(LOCKS, exist_ok=True)
+        self._lock = os.open(_lock_path(self.tag), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fcntl.flock(self._lock, fcntl.LOCK_EX)
         bits = int(self.gbit * 1e9)
         # Every host's address resolves to its name, IPv4-mapped too (c10d's
         # store sees its clients as ::ffff:a.b.c.d and looks them up).
@@ -232,6 +272,11 @@ class Link:
         for ns in reversed(self._made):
             _delete(ns)
         self._made = []
+        if self._lock >= 0:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(_lock_path(self.tag))
+            os.close(self._lock)
+            self._lock = -1
 
     @staticmethod
     def _kill(procs: List[subprocess.Popen]) -> None:

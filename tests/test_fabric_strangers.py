@@ -122,10 +122,12 @@ def test_engines_match_only_under_one_secret(same):
 
 # --- the job and the stranger -------------------------------------------------
 
-def exchange(rank, world, seed, rendezvous, min_rounds, max_s):
+def exchange(rank, world, seed, rendezvous, min_rounds, max_s, wait_for_attack=True, rounds_at=None):
     """Rank 0 and 1 swap fresh random tensors, raw and compressed, both ways,
     until the stranger is done (at least min_rounds, at most max_s): returns
-    (rounds, receives checked, receives that differed)."""
+    (rounds, receives checked, receives that differed). wait_for_attack:
+    rank 0 starts once the stranger attacks (else at once); rounds_at, a
+    dict: gets the rounds done before the attack and during it."""
     import torch.distributed as dist
 
     import portable_zip as pz
@@ -140,7 +142,7 @@ def exchange(rank, world, seed, rendezvous, min_rounds, max_s):
         (rdv / "store.tmp").write_text(json.dumps({"host": store.host, "port": store.port}))
         (rdv / "store.tmp").rename(rdv / "store.json")
         end = time.monotonic() + 120
-        while not (rdv / "attacking").exists() and time.monotonic() < end:
+        while wait_for_attack and not (rdv / "attacking").exists() and time.monotonic() < end:
             time.sleep(0.05)
     dist.barrier()
     start, rounds, checked, differed = time.monotonic(), 0, 0, 0
@@ -161,6 +163,11 @@ def exchange(rank, world, seed, rendezvous, min_rounds, max_s):
                     checked += 1
                     differed += not same_bits(got, expect)
             rounds += 1
+            if rounds_at is not None:
+                if (rdv / "attacking").exists():
+                    rounds_at.setdefault("rounds_before_attack", rounds)
+                    if not (rdv / "done").exists():
+                        rounds_at["rounds_during_attack"] = rounds - rounds_at["rounds_before_attack"]
             elapsed = time.monotonic() - start
             stop = torch.tensor([rounds >= min_rounds and ((rdv / "done").exists() or elapsed > max_s)])
             dist.broadcast(stop, 0)

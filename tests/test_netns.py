@@ -8,6 +8,7 @@ result checked bit for bit with PZ_CHECK_PLANS=1.
 This file is also the ranks' program: `python tests/test_netns.py mixed SEED`."""
 import os
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -68,6 +69,45 @@ def test_mixed_domains_across_hosts():
     checks = 2 * len(MODES) * len(SIZES) * 2 + len(MODES)
     assert len(res) == 4 and all(r["checks"] == checks for r in res), log
     assert all(r["domains"] == [[0, 1], [2, 3]] and "fabric" in r["backend"] for r in res), res
+
+
+def _namespaces(tag: str) -> int:
+    import subprocess
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=20).stdout
+    return sum(1 for line in out.splitlines() if line.split() and line.split()[0].startswith(tag + "-"))
+
+
+def _pid_ns_link(tmp_path, then: str):
+    """A link built by a process inside a PID namespace of its own, which
+    prints the link's tag, then runs `then`."""
+    import subprocess
+    code = f"from portable_zip import netns; l = netns.Link(2, gbit=1); l.up(); print(l.tag, flush=True); {then}"
+    return subprocess.Popen(["unshare", "--pid", "--fork", "--kill-child", sys.executable, "-c", code],
+                            stdout=subprocess.PIPE, text=True, cwd=tmp_path, start_new_session=True)
+
+
+def test_pid_namespaces_do_not_fool_the_stale_sweep(tmp_path):
+    """Liveness by lock, not pid. A link built inside a PID namespace, where
+    our pid means nothing, leaves our live run's namespaces alone; and once a
+    run inside one is SIGKILLed (its pid there is 1, alive in any view), the
+    next sweep removes its namespaces."""
+    import signal
+    with netns.Link(hosts=2, gbit=1) as mine:
+        p = _pid_ns_link(tmp_path, "l.down()")
+        assert p.stdout.readline().strip().startswith(netns.PREFIX) and p.wait(timeout=60) == 0
+        assert _namespaces(mine.tag) == 3, "a live run's namespaces were taken for stale"
+    p = _pid_ns_link(tmp_path, "import time; time.sleep(120)")
+    try:
+        tag = p.stdout.readline().strip()
+        assert tag.startswith(netns.PREFIX) and _namespaces(tag) == 3, tag
+    finally:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait(timeout=20)
+    end = time.monotonic() + 20  # the killed process's exit (and its lock's release) may trail its parent's
+    while netns._owned(tag) and time.monotonic() < end:
+        time.sleep(0.05)
+    with netns.Link(hosts=2, gbit=1):
+        assert _namespaces(tag) == 0, "a killed run's namespaces were left behind"
 
 
 def _data(seed, rank, case, numel, dtype, integer=False):

@@ -85,21 +85,25 @@ int64_t now_ns() {
 
 // A torn connection is a peer's (it died or closed) or a stranger's (a
 // process that spoke rxm to our endpoint and left). Without a watch: a
-// peer's, the wire stops. With one: posts wait (a receive posted now could
-// match the torn connection's stale requests) until the watch names a peer
-// that went, then the wire stops; a peer's going reaches the watch at once
-// (its sockets close with it), so after kStrangerNs with none it was a
-// stranger's, and posts resume. A peer that closed quietly (its goodbye says
-// every transfer it posted had completed, so no rendezvous request of its
-// own is stale) explains the tear of a connection per rail and stops
-// nothing: its eager sends that we have not matched yet are still delivered
-// (send, then close, is a correct program), and a wait on it that nothing
-// answers fails at the watch's grace. That holds where an unmatched eager
-// message keeps no pointer to its connection: rxm over tcp with dynamic
-// receive buffers (1.17's default there, which turns segmented messages
-// off). Elsewhere (verbs' segmented messages keep one) a quiet goodbye
-// counts as a death's. A death names its peer within kStrangerNs of a tear
-// and stops the wire, whatever quiet goodbyes explained meanwhile.
+// peer's, the wire stops. With one: posts wait kSettleNs after the first
+// unsettled tear (a receive posted now could match the torn connection's
+// stale requests), then ask the watch's sockets whether any peer has gone:
+// a dying peer's kernel closes its fabric and watch sockets together, so
+// by then its hangup is on the watch's socket too. None: the tears were
+// strangers', and posts go on (a flood of strangers costs each post at
+// most kSettleNs, not the job). One: the wire stops. A peer that closed
+// quietly (its goodbye says every transfer it posted had completed, so no
+// rendezvous request of its own is stale) explains the tear of a
+// connection per rail and stops nothing: its eager sends that we have not
+// matched yet are still delivered (send, then close, is a correct
+// program), and a wait on it that nothing answers fails at the watch's
+// grace. That holds where an unmatched eager message keeps no pointer to
+// its connection: rxm over tcp with dynamic receive buffers (1.17's
+// default there, which turns segmented messages off). Elsewhere (verbs'
+// segmented messages keep one) a quiet goodbye counts as a death's. A
+// death the watch names within kStrangerNs of a tear stops the wire too,
+// whatever quiet goodbyes explained meanwhile.
+constexpr int64_t kSettleNs = 2'000'000;
 constexpr int64_t kStrangerNs = 3'000'000'000;
 
 // rxm's dynamic receive buffers (FI_OFI_RXM_ENABLE_DYN_RBUF, on by default
@@ -548,9 +552,17 @@ bool Engine::post_wire(Chunk* c) {
   ssize_t rc;
   std::unique_lock<std::mutex> gate(wire_mu_[c->rail]);  // not during this rail's queue read (engine.h)
   if (wire_failed_.load()) throw std::runtime_error(wire_error());
-  if (int64_t until = suspect_until_.load()) {  // whose connection tore? (conn_torn): wait, then resume
-    if (now_ns() < until) return false;
-    suspect_until_.compare_exchange_strong(until, 0);
+  if (int64_t since = suspect_since_.load()) {  // whose connection tore? (conn_torn)
+    const int64_t now = now_ns();
+    if (now - since < kSettleNs) return false;  // the post is retried
+    if (const int peer = down_now_ ? down_now_() : -1; peer >= 0) {
+      stop_wire("rank " + std::to_string(peer) + " went while its connection was torn down (" + kConnClosed + ")");
+      throw std::runtime_error(wire_error());
+    }
+    // Strangers' up to now - kSettleNs; a tear since then is still unsettled.
+    const int64_t last = last_tear_ns_.load();
+    suspect_since_.compare_exchange_strong(since, now - last < kSettleNs ? last : 0);
+    if (suspect_since_.load()) return false;
   }
   const uint64_t closes = conn_closes_here();  // a send that connects runs rxm's progress too
   if (x->send())
@@ -826,7 +838,8 @@ void Engine::conn_torn(uint64_t n) {
     return;
   }
   if (tears <= quiet_credit_.load()) return;  // quiet closes explain them
-  suspect_until_.store(now_ns() + kStrangerNs);
+  int64_t none = 0;
+  suspect_since_.compare_exchange_strong(none, last_tear_ns_.load());  // the first unsettled tear's time
   if (gone_.load() >= 0)
     stop_wire(kConnClosed);  // peer_gone ran meanwhile and saw no suspicion yet
   else
@@ -835,8 +848,8 @@ void Engine::conn_torn(uint64_t n) {
 
 void Engine::resume_if_explained() {
   if (tears_.load() > quiet_credit_.load()) return;
-  int64_t until = suspect_until_.load();
-  if (until) suspect_until_.compare_exchange_strong(until, 0);
+  int64_t since = suspect_since_.load();
+  if (since) suspect_since_.compare_exchange_strong(since, 0);
 }
 
 void Engine::peer_gone(int peer, bool quiet) {
@@ -847,8 +860,8 @@ void Engine::peer_gone(int peer, bool quiet) {
   }
   int none = -1;
   gone_.compare_exchange_strong(none, peer);
-  const int64_t now = now_ns(), until = suspect_until_.load(), last = last_tear_ns_.load();
-  if ((until && now < until) || (last && now - last < kStrangerNs))
+  const int64_t now = now_ns(), since = suspect_since_.load(), last = last_tear_ns_.load();
+  if (since || (last && now - last < kStrangerNs))
     stop_wire("rank " + std::to_string(peer) + " went while its connection was torn down (" + kConnClosed + ")");
 }
 

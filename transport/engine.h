@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -87,7 +88,12 @@ class Engine {
   // connection the provider tore down is told apart from a stranger's.
   // quiet: the peer closed with nothing of its own in flight, so what it
   // sent before is still delivered and its tear stops nothing.
-  void set_watched() { watched_.store(true); }
+  // down_now: the peer that has gone (-1: none), asked of the watch's
+  // sockets now (Watch::peer_down_now): a tear with none down is a stranger's.
+  void set_watched(std::function<int()> down_now) {
+    down_now_ = std::move(down_now);
+    watched_.store(true);
+  }
   void peer_gone(int peer, bool quiet);
   // Nothing posted is still in flight and nothing failed: this rank's goodbye says so.
   bool quiet();
@@ -166,7 +172,8 @@ class Engine {
   std::atomic<uint64_t> quiet_credit_{0};  // tears quiet goodbyes explain: a rail's connection each
   std::atomic<int64_t> last_tear_ns_{0};   // steady-clock ns of the last tear
   bool trust_quiet_ = false;  // the provider keeps no connection state in unmatched messages (engine.cpp)
-  std::atomic<int64_t> suspect_until_{0};  // steady-clock ns: a torn connection not yet known to be a peer's
+  std::atomic<int64_t> suspect_since_{0};  // steady-clock ns: a torn connection not yet known to be a peer's
+  std::function<int()> down_now_;          // set once, before any post (set_watched)
   std::string wire_error_;               // under cq_mu_
   std::mutex close_mu_;                  // close() from several threads: one tears down
   void* copy_stream_ = nullptr;

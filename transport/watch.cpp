@@ -464,6 +464,7 @@ void Watch::run() {
         snprintf(s, sizeof s, "%.1f", since(p.heard, now));
         fail(j, std::string("died: silent for ") + s +
                 " s with its connection open (stopped, hung or unreachable; PZ_HEARTBEAT_TIMEOUT)");
+        std::lock_guard<std::mutex> g(fd_mu_);
         ::close(p.fd), p.fd = -1;
       }
       if (!p.gone.empty() && p.expect.load() > 0) {
@@ -493,7 +494,10 @@ void Watch::run() {
           std::lock_guard<std::mutex> lk(mu_);
           p.gone = "died: its connection closed (the process exited or was killed)", p.gone_at = t;
         }
-        ::close(p.fd), p.fd = -1;
+        {
+          std::lock_guard<std::mutex> g(fd_mu_);
+          ::close(p.fd), p.fd = -1;
+        }
         if (!p.bye) went(who_fd[i]);
         continue;
       }
@@ -519,9 +523,34 @@ void Watch::run() {
     if (p.fd >= 0) send(p.fd, &bye, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
 }
 
+int Watch::peer_down_now() {
+  std::lock_guard<std::mutex> g(fd_mu_);
+  if (closed_) return -1;
+  for (int j = 0; j < world_; ++j) {
+    if (j == rank_) continue;
+    Peer& p = peers_[j];
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (p.bye && p.quiet) continue;  // left quietly: its tear explains itself (the engine's credit)
+      if (!p.gone.empty()) return j;
+    }
+    if (p.fd < 0) continue;
+    pollfd q{p.fd, short(POLLIN | POLLRDHUP), 0};
+    if (poll(&q, 1, 0) <= 0 || !(q.revents & (POLLRDHUP | POLLHUP | POLLERR))) continue;
+    char b[64];  // a hangup behind a quiet goodbye the thread has not read yet is no death
+    const ssize_t n = recv(p.fd, b, sizeof b, MSG_PEEK | MSG_DONTWAIT);
+    if (n > 0 && std::memchr(b, kBye, size_t(n))) continue;
+    return j;
+  }
+  return -1;
+}
+
 void Watch::close() {
-  if (closed_) return;
-  closed_ = true;
+  {
+    std::lock_guard<std::mutex> g(fd_mu_);
+    if (closed_) return;
+    closed_ = true;
+  }
   if (thread_.joinable()) {
     const char c = 0;
     if (write(wake_[1], &c, 1) < 0) {}  // the pipe is empty and non-blocking: this cannot fail

@@ -60,6 +60,10 @@ class Watch {
   void attach(std::function<void(const std::string&)> on_failure, std::function<void(int, bool)> on_gone = nullptr,
               std::function<bool()> quiet = nullptr);
   void close();  // goodbye to every peer, join the thread, close every fd
+  // A peer that has gone other than by a quiet goodbye (-1: none), asked
+  // now of its socket too (a hangup the watch thread has not read yet
+  // counts): the fabric engine's test of whose connection tore. -1 once closed.
+  int peer_down_now();
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -93,6 +97,7 @@ class Watch {
   std::thread thread_;
   std::thread aborter_;  // runs on_failure_ once
   mutable std::mutex mu_;  // failure fields, on_failure_, gone, gone_at, expect_since
+  std::mutex fd_mu_;       // peer fds' closing in run() and close(), against peer_down_now()
   bool failed_ = false;
   int failed_rank_ = -1;
   std::string why_;

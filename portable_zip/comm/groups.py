@@ -79,6 +79,8 @@ def wait_watching(group, keys: List[str], deadline: Deadline, what: str) -> None
                               f"likely failed): {e}") from None
         err = gave_up(group)
         if err is not None:
+            if store.check(keys):  # it wrote its record, then gave up: this swap completed, and the
+                return             # rank goes on to raise its own error, as it would have
             raise err
         if time.monotonic() >= deadline.at:
             late = [k for k in keys if not store.check([k])]
