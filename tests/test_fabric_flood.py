@@ -5,7 +5,7 @@ endpoint names from the job's store opens and drops connections to them as
 fast as it can (tests/fabric_stranger/flood.c): >= 1,000 in at most 25 s.
 Every receive must be exact, no rank may raise, and the job must keep
 moving; the rounds per second with and without the flood are printed
-(bench/results: cpu-fabric-flood.json records a run).
+(bench/results/h100host-fabric-flood.json records a run, before and after).
 
 PZ_FLOOD_CONNECTIONS and PZ_FLOOD_SECONDS set the flood (default 1000, 25)."""
 import datetime
