@@ -4,11 +4,13 @@ own op where it does not), and whose other ops are forwarded to an inner
 backend: gloo for CPU tensors, NCCL/RCCL for GPU ones.
 
 Ranks are the group's own, as torch's ProcessGroup methods take them.
-Ops are posted in the caller's order. Forwarded ops first finish the
-Communicator's queued ones, and ours first finish outstanding forwarded
-ones, so two ops on one tensor never run out of order."""
+Ops are posted in the caller's order, and two ops on one tensor never run
+out of order: forwarded ops first finish the Communicator's queued ones,
+and every op first finishes the running ops outside that queue (torch's
+own, point to point) on its tensors (order.py)."""
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 from typing import Dict, List, Optional
@@ -17,6 +19,7 @@ import torch
 import torch.distributed as dist
 from torch._C import _distributed_c10d as c10d
 
+from ..codec import _overlap
 from ..comm.collectives import ReduceOp
 from ..comm.communicator import TORCH_WORK, Communicator
 from ..comm.errors import MismatchError
@@ -27,6 +30,7 @@ from ..comm.setup import timeout_of
 from ..settings import Settings
 from . import report, works
 from .options import Options
+from .order import Backward, Running
 from .p2p import P2P
 from .staged import staged
 
@@ -35,7 +39,7 @@ _OURS = {_R.SUM: ReduceOp.SUM, _R.AVG: ReduceOp.AVG, _R.MIN: ReduceOp.MIN, _R.MA
 _REDUCIBLE = frozenset((torch.bfloat16, torch.float16, torch.float32, torch.float64))
 # What gloo reduces (CPU tensors, and GPU ones staged through it).
 _GLOO_REDUCES = frozenset((torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.uint8, torch.int8,
-                           torch.int32, torch.int64))
+                           torch.int32, torch.int64, torch.bool, torch.complex64, torch.complex128))
 _KIND = {"gloo": dist.ProcessGroup.BackendType.GLOO, "nccl": dist.ProcessGroup.BackendType.NCCL}
 
 
@@ -54,12 +58,16 @@ class _Contig:
         self.back = []
 
     @staticmethod
-    def inp(t: torch.Tensor) -> torch.Tensor:
-        return t if t.is_contiguous() else t.contiguous()
-
-    def out(self, t: torch.Tensor) -> torch.Tensor:
+    def inp(t: torch.Tensor, pg) -> torch.Tensor:
         if t.is_contiguous():
             return t
+        pg._early(t.device, [t])  # the stand-in copies t now: earlier ops on it finish first
+        return t.contiguous()
+
+    def out(self, t: torch.Tensor, pg) -> torch.Tensor:
+        if t.is_contiguous():
+            return t
+        pg._early(t.device, [t])
         c = t.contiguous()
         self.back.append((t, c))
         return c
@@ -96,6 +104,46 @@ def _one(tensors, what: str) -> torch.Tensor:
     return tensors[0]
 
 
+def _name(new: str, old: str) -> str:
+    """torch's own name of an op: torch 2.13 renamed several."""
+    return new if hasattr(dist.ProcessGroup, new) else old
+
+
+_ALL_GATHER = _name("all_gather_single", "_allgather_base")
+_REDUCE_SCATTER = _name("reduce_scatter_single", "_reduce_scatter_base")
+_ALL_TO_ALL = _name("all_to_all_single", "alltoall_base")
+_COALESCED_AG = _name("all_gather_single_coalesced", "allgather_into_tensor_coalesced")
+_COALESCED_RS = _name("reduce_scatter_single_coalesced", "reduce_scatter_tensor_coalesced")
+
+
+def _plain(name=None):
+    """An op whose tensors are of a device kind not mapped to pz (CPU tensors
+    under "cpu:gloo,cuda:pz") goes straight to the inner backend's own op:
+    torch hands a Python ProcessGroup every device kind's ops."""
+    def wrap(method):
+        inner_name = name or method.__name__
+
+        @functools.wraps(method)
+        def op(self, *args, **kwargs):
+            t = _first(args)
+            if t is not None and t.device.type not in self.devices and t.device.type in self._inner:
+                return getattr(self._inner[t.device.type].pg, inner_name)(*args, **kwargs)
+            return method(self, *args, **kwargs)
+        return op
+    return wrap
+
+
+def _first(args) -> Optional[torch.Tensor]:
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            return a
+        if isinstance(a, (list, tuple)):
+            t = _first(a)
+            if t is not None:
+                return t
+    return None
+
+
 class ProcessGroupPZ(dist.ProcessGroup):
     """Made by torch.distributed (init_process_group / new_group with backend
     "pz"); devices: the device kinds mapped to pz (others are forwarded as
@@ -114,7 +162,8 @@ class ProcessGroupPZ(dist.ProcessGroup):
         self._inner: Dict[str, Group] = {}
         self._p2ps: Dict[str, P2P] = {}
         self._comms: Dict[str, Communicator] = {}
-        self._forwarded: List[object] = []
+        self._running = Running()  # torch's ops and point to point, outside the Communicators' queues
+        self._backward = Backward()
         self._lock = threading.RLock()  # DDP's reducer posts from autograd threads
         self._closed = False
         try:
@@ -175,52 +224,57 @@ class ProcessGroupPZ(dist.ProcessGroup):
                 c._flush()
                 c._drain()
 
-    def _settle_forwarded(self) -> None:
-        """Finish forwarded ops still running (their errors belong to their
-        own wait(), which reported or will report them)."""
-        pending, self._forwarded = self._forwarded, []
-        for w in pending:
-            try:
-                w.wait()
-            except RuntimeError:
-                pass
-
-    def _ours(self, device: torch.device, fn, outputs, then=None):
+    def _ours(self, device: torch.device, fn, outputs, then=None, inputs=()):
         """fn(Communicator, async_op) on this device kind's Communicator, as a torch Work."""
         with self._lock:
             c = self._comm(device)
             if c is None:
                 return None
-            self._settle_forwarded()
+            self._running.settle(outputs, inputs)
             res = fn(c, TORCH_WORK if then is None else True)
-        if isinstance(res, dist.Work):
-            return res  # torch's own op (an idle native plan): nothing added
-        if res is None:
-            return works.done(outputs)
-        return works.Work([res], outputs, then)
+            if isinstance(res, dist.Work):  # torch's own op (an idle native plan): runs beside the queue
+                return self._backward.add(self._running.add(res, outputs, inputs), c)
+            if res is None:
+                return works.done(outputs)
+            w = works.Work([res], outputs, then)
+            if then is not None:  # its copy-out runs after the queue has moved on
+                self._running.add(w, outputs, inputs)
+            return self._backward.add(w)
+
+    def _early(self, device: torch.device, tensors) -> None:
+        """An op that reads its tensors as it is posted (a non-contiguous
+        tensor's stand-in, a list's concatenation, an in-place input's copy)
+        first lets every earlier op on them finish."""
+        with self._lock:
+            self._running.settle((), tensors)
+            self._drain_ours((device.type,))
 
     def _forward(self, device: torch.device, name: str, *args):
         """torch's own op on the inner backend (staged through host memory
         where GPU tensors have no NCCL here)."""
         with self._lock:
             self._drain_ours()
+            writes, reads = ((), args) if name == "send" else (args, ())  # other ops may write any tensor
+            self._running.settle(writes, reads)
             inner = self._inner.get(device.type)
             if inner is None:
                 return staged(self._inner["cpu"].pg, name, args)
             w = getattr(inner.pg, name)(*args)
-            self._forwarded = [x for x in self._forwarded if not x.is_completed()] + [w]  # only running ones
-            return w
+            if name in ("send", "recv"):
+                w = works.Joined([w], args[0])  # gloo's may be waited for once: settle() waits too
+            return self._running.add(w, writes, reads)
 
     def _served(self, t, dtype_ok=True) -> bool:
         return _dense(t) and dtype_ok and t.device.type in self.devices
 
     # --- collectives ------------------------------------------------------------
+    @_plain()
     def allreduce(self, tensors, opts=None):
         opts = opts if opts is not None else c10d.AllreduceOptions()
         t, op = _one(tensors, "all_reduce"), _op(opts)
         if op is not None and self._served(t, t.dtype in _REDUCIBLE):
             k = _Contig()
-            tc = k.out(t)
+            tc = k.out(t, self)
             return self._ours(t.device, lambda c, a: c.all_reduce(tc, op=op, async_op=a), [t], k.then())
         self._reducible("all_reduce", t, opts)
         return self._forward(t.device, "allreduce", tensors, opts)
@@ -235,25 +289,30 @@ class ProcessGroupPZ(dist.ProcessGroup):
         if _kind(opts) == _R.AVG and not t.dtype.is_floating_point:
             raise TypeError(f"pz backend: {name} with AVG of {t.dtype}: an average of integers is not an integer")
 
+    @_plain()
     def broadcast(self, tensors, opts=None):
         opts = opts if opts is not None else c10d.BroadcastOptions()
         t = _one(tensors, "broadcast")
         if self._served(t):
             k = _Contig()
-            tc = k.out(t)
+            tc = k.out(t, self)
             return self._ours(t.device, lambda c, a: c.broadcast(tc, opts.rootRank, async_op=a), [t], k.then())
         return self._forward(t.device, "broadcast", tensors, opts)
 
+    @_plain(_ALL_GATHER)
     def all_gather_single(self, out, inp, opts=None):
         opts = opts if opts is not None else c10d.AllgatherOptions()
         if self._served(inp) and _dense(out) and out.dtype == inp.dtype and out.numel() == self.size() * inp.numel():
+            if _overlap(out, inp) and inp.data_ptr() != out.data_ptr() + self.rank() * inp.nbytes:
+                self._early(inp.device, [out, inp])  # the Communicator copies inp now
             k = _Contig()
-            oc, ic = k.out(out), k.inp(inp)
-            return self._ours(inp.device, lambda c, a: c.all_gather_single(oc, ic, async_op=a), [out], k.then())
+            oc, ic = k.out(out, self), k.inp(inp, self)
+            return self._ours(inp.device, lambda c, a: c.all_gather_single(oc, ic, async_op=a), [out], k.then(), [inp])
         return self._forward(inp.device, _ALL_GATHER, out, inp, opts)
 
     _allgather_base = all_gather_single  # torch < 2.13
 
+    @_plain()
     def allgather(self, output_lists, inputs, opts=None):
         opts = opts if opts is not None else c10d.AllgatherOptions()
         inp = _one(inputs, "all_gather")
@@ -266,55 +325,67 @@ class ProcessGroupPZ(dist.ProcessGroup):
             def then():
                 for r, o in enumerate(outs):
                     o.copy_(flat[r * n:(r + 1) * n].view(o.shape))
-            ic = _Contig.inp(inp).reshape(-1)
-            return self._ours(inp.device, lambda c, a: c.all_gather_single(flat, ic, async_op=a), output_lists, then)
+            ic = _Contig.inp(inp, self).reshape(-1)
+            return self._ours(inp.device, lambda c, a: c.all_gather_single(flat, ic, async_op=a), output_lists, then,
+                              [inp])
         return self._forward(inp.device, "allgather", output_lists, inputs, opts)
 
+    @_plain(_REDUCE_SCATTER)
     def reduce_scatter_single(self, out, inp, opts=None):
         opts = opts if opts is not None else c10d.ReduceScatterOptions()
         op = _op(opts)
         if (op is not None and self._served(inp, inp.dtype in _REDUCIBLE) and _dense(out) and out.dtype == inp.dtype
                 and inp.numel() == self.size() * out.numel()):
+            if _overlap(out, inp):
+                self._early(inp.device, [out, inp])  # the Communicator copies inp now
             k = _Contig()
-            oc, ic = k.out(out), k.inp(inp)
+            oc, ic = k.out(out, self), k.inp(inp, self)
             return self._ours(inp.device, lambda c, a: c.reduce_scatter_single(oc, ic, op=op, async_op=a), [out],
-                              k.then())
+                              k.then(), [inp])
         self._reducible("reduce_scatter", inp, opts)
         return self._forward(inp.device, _REDUCE_SCATTER, out, inp, opts)
 
     _reduce_scatter_base = reduce_scatter_single
 
+    @_plain()
     def reduce_scatter(self, outputs, input_lists, opts=None):
         opts = opts if opts is not None else c10d.ReduceScatterOptions()
         out, op = _one(outputs, "reduce_scatter"), _op(opts)
         ins = input_lists[0] if len(input_lists) == 1 else []
         if (op is not None and self._served(out, out.dtype in _REDUCIBLE) and len(ins) == self.size()
                 and all(_dense(i) and i.dtype == out.dtype and i.numel() == out.numel() for i in ins)):
+            self._early(out.device, [outputs, ins])
             flat = torch.cat([i.reshape(-1) for i in ins])
             k = _Contig()
-            oc = k.out(out).view(-1)
+            oc = k.out(out, self).view(-1)
             return self._ours(out.device, lambda c, a: c.reduce_scatter_single(oc, flat, op=op, async_op=a), outputs,
                               k.then())
         self._reducible("reduce_scatter", out, opts)
         return self._forward(out.device, "reduce_scatter", outputs, input_lists, opts)
 
+    @_plain(_ALL_TO_ALL)
     def all_to_all_single(self, out, inp, out_splits, in_splits, opts=None):
         opts = opts if opts is not None else c10d.AllToAllOptions()
         if self._served(inp) and _dense(out) and out.dtype == inp.dtype:
             o, i = (list(out_splits) or None), (list(in_splits) or None)
+            if _overlap(out, inp):
+                self._early(inp.device, [out, inp])  # the Communicator copies inp now
             k = _Contig()
-            oc, ic = k.out(out), k.inp(inp)
-            return self._ours(inp.device, lambda c, a: c.all_to_all_single(oc, ic, o, i, async_op=a), [out], k.then())
+            oc, ic = k.out(out, self), k.inp(inp, self)
+            return self._ours(inp.device, lambda c, a: c.all_to_all_single(oc, ic, o, i, async_op=a), [out], k.then(),
+                              [inp])
         return self._forward(inp.device, _ALL_TO_ALL, out, inp, out_splits,
                              in_splits, opts)
 
     alltoall_base = all_to_all_single
 
+    @_plain()
     def alltoall(self, outputs, inputs, opts=None):
         opts = opts if opts is not None else c10d.AllToAllOptions()
         ts = list(outputs) + list(inputs)
         if (ts and len(outputs) == len(inputs) == self.size() and all(self._served(t) for t in ts)
                 and len({t.dtype for t in ts}) == 1 and len({t.device for t in ts}) == 1):
+            self._early(ts[0].device, ts)
             flat_in = torch.cat([t.reshape(-1) for t in inputs])
             flat_out = torch.empty(sum(t.numel() for t in outputs), dtype=flat_in.dtype, device=flat_in.device)
             o, i = [t.numel() for t in outputs], [t.numel() for t in inputs]
@@ -326,11 +397,13 @@ class ProcessGroupPZ(dist.ProcessGroup):
                               outputs, then)
         return self._forward(_device(ts), "alltoall", outputs, inputs, opts)
 
+    @_plain(_COALESCED_AG)
     def all_gather_single_coalesced(self, outs, ins, opts=None):
         return self._coalesced(outs, ins, opts, self.all_gather_single, c10d.AllgatherOptions)
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
+    @_plain(_COALESCED_RS)
     def reduce_scatter_single_coalesced(self, outs, ins, opts=None):
         return self._coalesced(outs, ins, opts, self.reduce_scatter_single, c10d.ReduceScatterOptions)
 
@@ -342,23 +415,28 @@ class ProcessGroupPZ(dist.ProcessGroup):
         return works.joined(ws, list(outs))
 
     # --- forwarded as they are ----------------------------------------------------
+    @_plain()
     def allreduce_coalesced(self, tensors, opts=None):
         return self._forward(_device(tensors), "allreduce_coalesced", tensors,
                              opts if opts is not None else c10d.AllreduceCoalescedOptions())
 
+    @_plain()
     def allgather_coalesced(self, output_lists, inputs, opts=None):
         return self._forward(_device(inputs), "allgather_coalesced", output_lists, inputs,
                              opts if opts is not None else c10d.AllgatherOptions())
 
+    @_plain()
     def reduce(self, tensors, opts=None):
         opts = opts if opts is not None else c10d.ReduceOptions()
         self._reducible("reduce", _one(tensors, "reduce"), opts)
         return self._forward(_device(tensors), "reduce", tensors, opts)
 
+    @_plain()
     def gather(self, outputs, inputs, opts=None):
         return self._forward(_device(inputs), "gather", outputs, inputs,
                              opts if opts is not None else c10d.GatherOptions())
 
+    @_plain()
     def scatter(self, outputs, inputs, opts=None):
         return self._forward(_device(outputs), "scatter", outputs, inputs,
                              opts if opts is not None else c10d.ScatterOptions())
@@ -375,9 +453,11 @@ class ProcessGroupPZ(dist.ProcessGroup):
     # --- point to point -------------------------------------------------------------
     # torch's matching: each send meets the peer's recv in posting order,
     # whatever either side batches or waits on (p2p.py); tags are not used.
+    @_plain()
     def send(self, tensors, dst: int, tag: int = 0):
         return self._p2p("send", tensors, dst, tag)
 
+    @_plain()
     def recv(self, tensors, src: int, tag: int = 0):
         return self._p2p("recv", tensors, src, tag)
 
@@ -389,14 +469,17 @@ class ProcessGroupPZ(dist.ProcessGroup):
             raise ValueError(f"pz backend: {kind} peer {peer} is not another rank of this group (size {self.size()})")
         with self._lock:
             self._drain_ours((t.device.type,))  # its queued ops on this tensor go first
-            self._settle_forwarded()
+            writes, reads = ((), [t]) if kind == "send" else ([t], ())
+            self._running.settle(writes, reads)
             p = self._p2ps[t.device.type if t.device.type in self._inner else "cpu"]
             if kind == "send":
-                return p.send(_Contig.inp(t), peer)
-            if t.is_contiguous():
-                return p.recv(t, peer)
-            k = _Contig()
-            return works.then(p.recv(k.out(t), peer), [t], k.then())
+                w = p.send(_Contig.inp(t, self), peer)
+            elif t.is_contiguous():
+                w = p.recv(t, peer)
+            else:
+                k = _Contig()
+                w = works.then(p.recv(k.out(t, self), peer), [t], k.then())
+            return self._running.add(w, writes, reads)
 
     def _pays(self, kind: str):
         """auto's choice for a point-to-point tensor: the device kind's
@@ -407,6 +490,7 @@ class ProcessGroupPZ(dist.ProcessGroup):
             return c is not None and c.policy.choose("send", t.dtype, t.nbytes, 2) == "compressed"
         return pays
 
+    @_plain()
     def recv_anysource(self, tensors, tag: int = 0):
         raise RuntimeError("pz backend: recv from any source (dist.recv(src=None)) is not supported: name the "
                            "source rank; pz matches transfers per peer in posting order, as NCCL does")
@@ -453,16 +537,6 @@ class ProcessGroupPZ(dist.ProcessGroup):
     def communicator(self, device="cpu") -> Optional[Communicator]:
         """The Communicator that serves device's tensors, once an op made it."""
         return self._comms.get(torch.device(device).type)
-
-
-def _name(new: str, old: str) -> str:
-    """torch's own name of an op: torch 2.13 renamed several."""
-    return new if hasattr(dist.ProcessGroup, new) else old
-
-
-_ALL_GATHER = _name("all_gather_single", "_allgather_base")
-_REDUCE_SCATTER = _name("reduce_scatter_single", "_reduce_scatter_base")
-_ALL_TO_ALL = _name("all_to_all_single", "alltoall_base")
 
 
 def _device(tensors) -> torch.device:

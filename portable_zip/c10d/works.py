@@ -71,7 +71,7 @@ class Work(dist.Work):
             # cannot see (it kept every op's tensors alive).
             self._works, self._then = [], None
             if self._error is not None:
-                self._future.set_exception(self._error)
+                fail(self._future, self._error)
             else:
                 self._future.set_result(self._outputs)
 
@@ -105,6 +105,30 @@ class Work(dist.Work):
 
     def result(self) -> List[torch.Tensor]:
         return self._outputs
+
+
+class _Failed:
+    """A failed op's value in its torch future. A Python future cannot hold
+    an error that C++ sees: set_exception stores the exception as the value,
+    and DDP's reducer (parseCppCommHookResult) pickles a Python value to
+    take its first tensor, indexing an empty list (SIGSEGV). Pickling this
+    raises the op's error there instead, which backward() raises."""
+
+    def __init__(self, e: BaseException):
+        self.e = e
+
+    def __reduce_ex__(self, protocol):
+        raise self.e
+
+
+def _unwrap(v):
+    raise v.e
+
+
+def fail(fut: torch.futures.Future, e: BaseException) -> None:
+    """Complete fut with e: Python's wait() and value() raise e, and so does C++'s look at its tensors."""
+    fut._set_unwrap_func(_unwrap)
+    fut.set_result(_Failed(e))
 
 
 def first_tensor(x) -> Optional[torch.Tensor]:
@@ -168,13 +192,23 @@ class Joined(dist.Work):
     def get_future(self) -> torch.futures.Future:
         if self._future is None:
             fut = self._future = torch.futures.Future()
+            me = [self]
 
             def run():
+                j = me.pop()
                 try:
-                    self.wait()
-                    fut.set_result(self._outputs)
+                    j.wait()
+                    err = None
                 except BaseException as e:  # noqa: BLE001 - handed to the future
-                    fut.set_exception(e)
+                    err = e
+                out = j._outputs
+                # Let go of gloo's Works before the future's waiters go on: their destructor
+                # retakes the GIL, which ends a daemon thread in std::terminate once Python exits.
+                del j
+                if err is None:
+                    fut.set_result(out)
+                else:
+                    fail(fut, err)
             threading.Thread(target=run, name="pz-future", daemon=True).start()
         return self._future
 

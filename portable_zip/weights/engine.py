@@ -43,6 +43,18 @@ def _check_version(version):
     return int(version)
 
 
+def _span(t: torch.Tensor) -> tuple:
+    """(first byte address, end) of what t's elements occupy: exact for a
+    contiguous tensor, the bounding range of a strided view (never less).
+    Addresses, not storages: two storages over one memory (from_blob,
+    frombuffer) still collide, and CPU and GPU pointers share the process's
+    address space (UVA), so one sort covers every device."""
+    if t.numel() == 0:
+        return 0, 0
+    a = t.data_ptr()
+    return a, a + t.element_size() * (1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride())))
+
+
 def _shard(shards, name, t):
     """(row0, global shape) of a tensor that may be a dim-0 shard."""
     if shards and name in shards:
@@ -239,7 +251,7 @@ class Sender(_Engine):
         tensors that are dim-0 shards of a larger tensor."""
         version = _check_version(version)
         it = iter(named_tensors.items() if isinstance(named_tensors, dict) else named_tensors)
-        done, self._taken, self._round = False, {}, []
+        done, self._taken, self._round, self._sent = False, {}, [], set()
         while True:
             part, size = [], 0
             for name, t in (() if done else it):
@@ -254,9 +266,18 @@ class Sender(_Engine):
                 return self._round
 
     def _send_part(self, tensors, version, final, shards):
+        # A name twice in this part: every rank's plan refuses it (plan_part).
+        # One already sent in an earlier part of the round: refused here, in the
+        # manifest, so the receivers raise too instead of waiting.
+        again = sorted({n for n, _ in tensors} & self._sent)
+        self._sent.update(n for n, _ in tensors)
         self.tensors = dict(tensors)
-        if len(self.tensors) != len(tensors):
-            raise ValueError("send: a name appears twice in one part")
+        try:
+            return self._send_tensors(tensors, version, final, shards, again)
+        finally:
+            self.tensors = {}  # a refused or failed part keeps no reference to the caller's tensors
+
+    def _send_tensors(self, tensors, version, final, shards, again):
         entries = []
         for name, t in tensors:
             row0, shape = _shard(shards, name, t)
@@ -269,6 +290,8 @@ class Sender(_Engine):
         self._sums = {}  # (name, g0, g1) -> the checksum of those rows, as the part's payloads computed it
         man = {"role": "send", "version": version, "final": final, "delta": self.delta,
                "bucket_bytes": self.bucket_bytes, "tensors": entries}
+        if again:
+            man["refuse"] = f"sends {again[:8]} again: they went in an earlier part of this round"
         part = self._run_part(man)
         if self.keep_base is not None and self.delta:
             for (name, t), e in zip(tensors, entries):
@@ -277,7 +300,6 @@ class Sender(_Engine):
                 cs = self._sums.get((name, r0, r0 + e["rows"]))
                 self.base[name] = (version, r0, self._keep(t, old[2] if old else None),
                                    wire.checksum(t) if cs is None else cs)
-        self.tensors = {}
         return part
 
     def _slice(self, t, c):
@@ -332,12 +354,15 @@ class Receiver(_Engine):
         self.into = self.base if self.load else into
         self.shards = shards or {}
         wants = "all" if self.load else self._wants(into)
+        refuse = None if self.load else self._shared_bytes(into)
         self._taken, self._round = {}, []
         try:
             while True:
                 held = {n: self._held(n) for n in self.base} if self.load else {}
                 man = {"role": "recv", "delta": self.delta and (self.load is None or self.keep_base is not None),
                        "wants": wants, "held": held}
+                if refuse:
+                    man["refuse"] = refuse
                 part = self._run_part(man)
                 for name in part.taken.get(self.comm.rank, ()):
                     self.held[name] = (part.version,)
@@ -356,6 +381,22 @@ class Receiver(_Engine):
             out[name] = {"dtype": str(t.dtype), "shape": shape, "row0": row0, "rows": P.rows_of(t.shape)[0],
                          **self._held(name)}
         return out
+
+    @staticmethod
+    def _shared_bytes(into: dict) -> Optional[str]:
+        """Why the round is refused when two buffers share bytes (views of one
+        buffer, one tensor under two names, a view inside another entry):
+        each chunk is checked as it lands, so a later write into shared bytes
+        would spoil one already checked, and a delta would apply twice to the
+        same bytes. Identical aliases too: the receiver cannot know before
+        the data moves whether the sender's two names hold the same bytes."""
+        pairs = P.overlapping([(*_span(t), name) for name, t in into.items()])
+        if not pairs:
+            return None
+        shown = ", ".join(f"{a!r} and {b!r}" for a, b in pairs[:4]) + (
+            f" (+{len(pairs) - 4} more)" if len(pairs) > 4 else "")
+        return (f"has receive buffers that overlap in memory: {shown}; the engine cannot fill shared bytes "
+                f"exactly, so give each name its own memory (tied weights: receive one of the names)")
 
     def _held(self, name):
         h, t = self.held.get(name), self.into.get(name)

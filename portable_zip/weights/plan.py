@@ -87,8 +87,32 @@ def _why_full(s: dict, r: dict, sent: dict, want: dict, whole: bool) -> str:
     return ""
 
 
+def check_refused(manifests: list) -> None:
+    """A rank that refuses the part (a manifest's "refuse": why) refuses it
+    on every rank, before any data moves: its peers learn why at once
+    rather than wait out their timeout."""
+    why = [f"rank {r} {m['refuse']}" for r, m in enumerate(manifests) if m.get("refuse")]
+    if why:
+        raise MismatchError("weight sync refused: " + "; ".join(why))
+
+
+def overlapping(spans: list) -> list:
+    """Pairs of names whose byte ranges overlap, from (start, end, name)
+    spans (end exclusive): sorted by start, each span is compared with the
+    furthest-reaching one before it, so any overlap yields at least one pair
+    (n log n, for thousands of buffers)."""
+    out, reach = [], None  # (end, name) of the furthest-reaching span so far
+    for a, b, name in sorted(s for s in spans if s[1] > s[0]):
+        if reach is not None and a < reach[0]:
+            out.append((reach[1], name))
+        if reach is None or b > reach[0]:
+            reach = (b, name)
+    return out
+
+
 def plan_part(manifests: list, bucket_bytes: int) -> Part:
     """The plan of one part from every rank's manifest (index = rank)."""
+    check_refused(manifests)
     senders = {r: m for r, m in enumerate(manifests) if m["role"] == "send"}
     receivers = {r: m for r, m in enumerate(manifests) if m["role"] == "recv"}
     if not senders or not receivers:

@@ -43,10 +43,14 @@ class _Waiter:
             if job is None:
                 return
             fn, done, box = job
+            del job
             try:
                 fn()
             except BaseException as e:  # noqa: BLE001 - re-raised on the caller's thread
                 box.append(e)
+            # Let go of the job's torch Works before the caller goes on: their destructor
+            # retakes the GIL, which ends a daemon thread in std::terminate once Python exits.
+            del fn, box
             done.set()
 
     def submit(self, fn):
@@ -90,6 +94,7 @@ class TorchDistTransport(Transport):
         self._gloo = self.backend == "gloo"
         self._others = [p for p in range(self.world) if p != self.rank]
         self._waiter = None
+        self._broken = None  # the first transfer failure a wait saw: nothing is posted after it
 
     def global_rank(self, r: int) -> int:
         return self._global[r]
@@ -112,6 +117,10 @@ class TorchDistTransport(Transport):
         self.wait(self.post([(SEND, one, p) for p in bufs] + [(RECV, b, p) for p, b in bufs.items()]), deadline)
 
     def post(self, ops: Sequence[Op]) -> List[object]:
+        if self._broken is not None:
+            # A later op's messages would meet a peer still inside the failed one:
+            # gloo aborts the process when a message's size differs from the recv's.
+            raise PeerError(str(self._broken))
         ops = [(kind, t, peer) for kind, t, peer in ops if t.numel()]
         if not ops:
             return []
@@ -130,6 +139,13 @@ class TorchDistTransport(Transport):
     def wait(self, works: List[object], deadline: Deadline) -> None:
         """works: post()'s (its peers known) or a collective's (every peer).
         With a liveness watch, a wait ends within a slice of its failure."""
+        try:
+            return self._wait_watched(works, deadline)
+        except PeerError as e:
+            self._broken = self._broken or e
+            raise
+
+    def _wait_watched(self, works: List[object], deadline: Deadline) -> None:
         watch = self.watch
         if watch is None or not works:
             return self._wait(works, deadline, None)
@@ -211,9 +227,11 @@ class TorchDistTransport(Transport):
             return e
         end = time.monotonic() + 1.0
         while time.monotonic() < end:
-            d = watch.dead() or next(iter(watch.departed()), None)
-            if d is not None:  # the name first: torch's own message runs long
-                return PeerError(f"{self.name}: {d[1]} ({str(e)[len(self.name) + 2:]})")
+            d = watch.dead()
+            # Every peer gone, not the lowest rank alone: a killed peer and a survivor that left after it.
+            gone = [d] if d is not None else watch.departed()
+            if gone:  # the names first: torch's own message runs long
+                return PeerError(f"{self.name}: {'; '.join(why for _, why in gone)} ({str(e)[len(self.name) + 2:]})")
             time.sleep(0.01)
         return e
 
@@ -226,8 +244,12 @@ class TorchDistTransport(Transport):
         watch = self.watch
         if not self._gloo:
             return self.wait(works, deadline)
-        if watch is None:
-            return self._wait_aside(works, deadline, None)
-        watch.check(self.name)
-        with watch.waiting_on(self._others):
-            self._wait_aside(works, deadline, watch)
+        try:
+            if watch is None:
+                return self._wait_aside(works, deadline, None)
+            watch.check(self.name)
+            with watch.waiting_on(self._others):
+                self._wait_aside(works, deadline, watch)
+        except PeerError as e:
+            self._broken = self._broken or e
+            raise

@@ -1,0 +1,102 @@
+"""Order and failure for the pz backend's async ops.
+
+Ops of a Communicator run in its queue's order. Ops outside that queue run
+side by side: torch's own (forwarded ops, and native plans under "auto"),
+which gloo runs on two threads per group and on several groups at once,
+and point to point. `Running` holds those until they finish, and an op on
+the same tensors waits for them first.
+
+DDP's reducer cannot take a failed future from a Python backend (it pickles
+the value to find its tensor: works._Failed), so `Backward` waits for the
+ops a backward pass posts in a callback at its end, before the reducer's
+own: a failure raises PeerError from backward()."""
+from __future__ import annotations
+
+import functools
+from typing import List, Tuple
+
+import torch
+
+from ..comm.deadline import Deadline
+
+_ANY = "any"  # a tensor without strided storage: it overlaps everything
+
+
+def storages(tensors) -> frozenset:
+    """The storages an op's tensors (nested lists of them) live in."""
+    out, todo = [], [tensors]
+    while todo:
+        x = todo.pop()
+        if isinstance(x, torch.Tensor):
+            out.append(x.untyped_storage().data_ptr() if x.layout == torch.strided else _ANY)
+        elif isinstance(x, (list, tuple)):
+            todo.extend(x)
+    return frozenset(out)
+
+
+class Running:
+    """Works outside the Communicator's queue, each with the storages it
+    writes and reads. An op waits for those it conflicts with: a write
+    after any use, a read after a write (two reads may overlap)."""
+
+    def __init__(self):
+        self._works: List[Tuple[object, frozenset, frozenset]] = []
+
+    def __len__(self) -> int:
+        return len(self._works)
+
+    def add(self, w, writes, reads=()):
+        entry = (w, storages(writes), storages(reads))
+        self._works = [x for x in self._works if not x[0].is_completed()] + [entry]
+        return w
+
+    def settle(self, writes, reads=()) -> None:
+        """Those this op conflicts with finish first (their errors belong to their own wait())."""
+        if not self._works:
+            return
+        ws, rs = storages(writes), storages(reads)
+        keep = []
+        for w, ow, orr in self._works:
+            if w.is_completed():
+                continue
+            if _meet(ws, ow | orr) or _meet(rs, ow):
+                try:
+                    w.wait()
+                except Exception:  # noqa: BLE001 - reported by its own wait()
+                    pass
+            else:
+                keep.append((w, ow, orr))
+        self._works = keep
+
+
+def _meet(a: frozenset, b: frozenset) -> bool:
+    return bool(a and b and (a & b or _ANY in a or _ANY in b))
+
+
+class Backward:
+    """The ops posted during each backward pass, waited for at its end."""
+
+    def __init__(self):
+        self._task, self._ops = -1, []
+
+    def add(self, w, comm=None):
+        """w (comm: the Communicator whose native plan it is) if posted in a
+        backward: a final callback of that backward waits for it. The
+        reducer queues its callback at its last bucket, after this one."""
+        task = torch._C._current_graph_task_id()
+        if task >= 0:
+            if task != self._task:  # the list lives in its callback: a backward that fails drops both
+                self._task, self._ops = task, []
+                torch.autograd.Variable._execution_engine.queue_callback(functools.partial(_wait_all, self._ops))
+            self._ops.append((w, comm))
+        return w
+
+
+def _wait_all(ops) -> None:
+    """Ours raise PeerError; torch's own (native plans) get the wait a
+    blocking native op gets, which names a dead peer."""
+    for w, comm in ops:
+        if comm is None:
+            w.wait()
+        else:
+            comm._await_native([w], Deadline(comm.timeout), detached=True)
