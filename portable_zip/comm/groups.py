@@ -64,7 +64,7 @@ def gave_up(group) -> Optional[PeerError]:
     return None
 
 
-def wait_watching(group, keys: List[str], deadline: Deadline, what: str) -> None:
+def wait_watching(group, keys: List[str], deadline: Deadline, what: str, watch: bool = True) -> None:
     """Wait until every key is in the store, raising at once if a rank gave
     up (give_up), else PeerTimeout naming the keys never written. Polls with
     check() (a timed-out store.wait() logs two warnings each time), backing
@@ -77,7 +77,7 @@ def wait_watching(group, keys: List[str], deadline: Deadline, what: str) -> None
         except Exception as e:  # noqa: BLE001 - the store's error type varies by torch version
             raise PeerTimeout(f"the job's store failed while waiting for {what} (its host, global rank 0, has "
                               f"likely failed): {e}") from None
-        err = gave_up(group)
+        err = gave_up(group) if watch else None
         if err is not None:
             if store.check(keys):  # it wrote its record, then gave up: this swap completed, and the
                 return             # rank goes on to raise its own error, as it would have
@@ -132,7 +132,9 @@ def swap_through_store(group, topic: str, value, deadline: Deadline, what: str,
     except Exception as e:  # noqa: BLE001 - the store's error type varies by torch version
         raise PeerError(f"the job's store failed while reading {what}: {e}") from None
     if group.ranks[group.rank] == 0:
-        wait_watching(group, [prefix + "read/" + str(j) for j in range(group.size)], deadline, what)
+        # Every record is in, so each rank reads and then raises its own error if
+        # any: a rank that gave up after reading must not cut this wait short.
+        wait_watching(group, [prefix + "read/" + str(j) for j in range(group.size)], deadline, what, watch=False)
     values = [opened(group, topic, j, r, what) for j, r in enumerate(records)]
     if parse is None:
         return values
