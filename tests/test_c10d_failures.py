@@ -157,12 +157,15 @@ def test_async_ops_on_one_tensor_run_in_call_order(mode):
     res = run_ranks(2, workers.order, seed, 3, mode, env=env, backend="pz", deadline=300, pg_timeout=60.0)
     for r, (status, v) in res.items():
         assert status == "ok", (r, status, v)
-        wrong, checks, stats = v
+        wrong, checks, stats, straddled = v
         assert not wrong, f"seed {seed} rank {r}: {len(wrong)} of {checks} wrong: {wrong[:6]}"
         assert checks >= 40, checks
         if mode == "auto":  # the threshold is straddled: both plans ran, on one tensor
             plans = stats["all_reduce"]["plans"]
-            assert plans.get("native", 0) > 0 and plans.get("compressed", 0) > 0, plans
+            assert plans.get("compressed", 0) > 0, plans
+            # A machine whose calibration codes even 128-byte all_reduces (a loaded
+            # 2-core CI run, once) has no native plan to mix in: the order checks above still ran.
+            assert plans.get("native", 0) > 0 or not straddled, plans
 
 
 # --- 6. whatever gloo does ------------------------------------------------------------------------------
