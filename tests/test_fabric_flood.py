@@ -13,7 +13,6 @@ import json
 import os
 import platform
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -31,19 +30,6 @@ pytestmark = pytest.mark.skipif(not _C.has_fabric or bool(_C.fabric_probe()),
                                 reason=f"no fabric transport here: {_C.fabric_probe()}")
 CONNECTIONS = int(os.environ.get("PZ_FLOOD_CONNECTIONS", "1000"))
 SECONDS = float(os.environ.get("PZ_FLOOD_SECONDS", "25"))
-
-
-def _build(tmp_path) -> str:
-    cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
-    if not cc:
-        pytest.fail("tests/test_fabric_flood.py needs a C compiler on PATH (gcc or cc, or set CC)")
-    exe = tmp_path / "flood"
-    pc = subprocess.run(["pkg-config", "--cflags", "--libs", "libfabric"], capture_output=True, text=True) \
-        if shutil.which("pkg-config") else None
-    flags = pc.stdout.split() if pc is not None and pc.returncode == 0 else ["-lfabric"]
-    subprocess.run([cc, "-std=c11", "-O2", "-Wall", "-Werror", str(strangers.TESTS / "fabric_stranger/flood.c"),
-                    *flags, "-o", str(exe)], check=True)
-    return str(exe)
 
 
 def flooder(rendezvous: str, exe: str, connections: int, seconds: float) -> None:
@@ -100,7 +86,7 @@ def job(rank, world, seed, rendezvous, max_s):
 
 
 def test_a_connection_flood_ends_no_job(tmp_path):
-    exe = _build(tmp_path)
+    exe = strangers.build_stranger(tmp_path, "flood")
     rdv = tmp_path / "rdv"
     rdv.mkdir()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(strangers.TESTS), os.environ.get("PYTHONPATH", "")]),

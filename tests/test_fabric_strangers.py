@@ -232,22 +232,23 @@ def stranger(rendezvous, sender, seconds):
     print(json.dumps(counts))
 
 
-def _build_sender(tmp_path) -> str:
+def build_stranger(tmp_path, name: str = "unkeyed_sender") -> str:
+    """tests/fabric_stranger/NAME.c, compiled against libfabric: the executable's path."""
     cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
     if not cc:
-        pytest.fail("tests/test_fabric_strangers.py needs a C compiler on PATH (gcc or cc, or set CC)")
-    exe = tmp_path / "unkeyed_sender"
+        pytest.fail("the stranger tests need a C compiler on PATH (gcc or cc, or set CC)")
+    exe = tmp_path / name
     # libfabric's own flags where pkg-config knows them (headers unpacked off the system paths too)
     pc = subprocess.run(["pkg-config", "--cflags", "--libs", "libfabric"], capture_output=True, text=True) \
         if shutil.which("pkg-config") else None
     flags = pc.stdout.split() if pc is not None and pc.returncode == 0 else ["-lfabric"]
-    subprocess.run([cc, "-std=c11", "-O2", "-Wall", "-Werror", str(TESTS / "fabric_stranger/unkeyed_sender.c"),
+    subprocess.run([cc, "-std=c11", "-O2", "-Wall", "-Werror", str(TESTS / f"fabric_stranger/{name}.c"),
                     *flags, "-o", str(exe)], check=True)
     return str(exe)
 
 
 def test_strangers_cannot_inject_data(tmp_path):
-    sender = _build_sender(tmp_path)
+    sender = build_stranger(tmp_path)
     rdv = tmp_path / "rdv"
     rdv.mkdir()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
