@@ -10,6 +10,9 @@
 #     PZ_CUDA_ARCHS entry, plus PTX for the newest.
 #   HIP: PZ_HIP_COMPILER=hipcc (the default when found) or clang (clang-19
 #     with -nogpulib). One code-object bundle for PZ_HIP_ARCHS.
+# PZ_EMULATE_WAVE64=ON (CUDA only; a test build, never a release): the NVIDIA
+#   device code runs AMD's wave64 paths, a wave being two warps in step
+#   (include/portable_zip/intrinsics.h; ci/gpu's wave64 stage).
 
 set(PZ_KERNEL_SRC "${CMAKE_CURRENT_SOURCE_DIR}/kernels/gpu_kernels.cu")
 file(GLOB PZ_DEVICE_DEPS "${CMAKE_CURRENT_SOURCE_DIR}/include/portable_zip/*.h"
@@ -65,9 +68,23 @@ if(pz_nvendors EQUAL 1 AND NOT PZ_BACKEND STREQUAL "cpu")
   endif()
 endif()
 
+pz_setting(PZ_EMULATE_WAVE64 OFF)
+if(PZ_EMULATE_WAVE64)
+  if(NOT PZ_BACKEND STREQUAL "cuda")
+    message(FATAL_ERROR "PZ_EMULATE_WAVE64 needs PZ_BACKEND=cuda (it emulates wave64 on NVIDIA GPUs; got '${PZ_BACKEND}')")
+  endif()
+  message(WARNING "portable_zip: PZ_EMULATE_WAVE64: wave64 emulation device code, for tests only (slower)")
+endif()
+
 # --- NVIDIA -----------------------------------------------------------------
 if("cuda" IN_LIST PZ_BACKEND)
   pz_setting(PZ_CUDA_ARCHS "80;90;100")
+  set(pz_cuda_flags ${PZ_DEVICE_FLAGS})
+  set(pz_nvrtc_defs "")
+  if(PZ_EMULATE_WAVE64)
+    list(APPEND pz_cuda_flags -DPZ_EMULATE_WAVE64=1)
+    set(pz_nvrtc_defs -D PZ_EMULATE_WAVE64=1)
+  endif()
   if(PZ_NVCC)
     pz_setting(PZ_CUDA_COMPILER nvcc)
   else()
@@ -83,7 +100,7 @@ if("cuda" IN_LIST PZ_BACKEND)
     # bytes as from the source): one front-end pass fewer.
     set(ptx "${PZ_DEVICE_DIR}/compute_${pz_newest}.ptx")
     add_custom_command(OUTPUT "${ptx}"
-      COMMAND "${PZ_NVCC}" ${PZ_DEVICE_FLAGS} -ptx -arch=compute_${pz_newest} "${PZ_KERNEL_SRC}" -o "${ptx}"
+      COMMAND "${PZ_NVCC}" ${pz_cuda_flags} -ptx -arch=compute_${pz_newest} "${PZ_KERNEL_SRC}" -o "${ptx}"
       DEPENDS ${PZ_DEVICE_DEPS} COMMENT "nvcc: compute_${pz_newest} PTX" VERBATIM)
     list(APPEND PZ_DEVICE_FILES "${ptx}")
     foreach(sm ${PZ_CUDA_ARCHS})
@@ -93,7 +110,7 @@ if("cuda" IN_LIST PZ_BACKEND)
           DEPENDS "${ptx}" COMMENT "nvcc: sm_${sm} cubin from PTX" VERBATIM)
       else()
         add_custom_command(OUTPUT "${out}"
-          COMMAND "${PZ_NVCC}" ${PZ_DEVICE_FLAGS} -cubin -gencode arch=compute_${sm},code=sm_${sm} "${PZ_KERNEL_SRC}" -o "${out}"
+          COMMAND "${PZ_NVCC}" ${pz_cuda_flags} -cubin -gencode arch=compute_${sm},code=sm_${sm} "${PZ_KERNEL_SRC}" -o "${out}"
           DEPENDS ${PZ_DEVICE_DEPS} COMMENT "nvcc: sm_${sm} cubin" VERBATIM)
       endif()
       list(APPEND PZ_DEVICE_FILES "${out}")
@@ -115,7 +132,7 @@ if("cuda" IN_LIST PZ_BACKEND)
       endif()
       add_custom_command(OUTPUT ${outs}
         COMMAND "${Python_EXECUTABLE}" "${CMAKE_CURRENT_SOURCE_DIR}/cmake/nvrtc_compile.py" --nvrtc "${PZ_NVRTC}"
-                --arch sm_${sm} ${ptx_args} -I "${CMAKE_CURRENT_SOURCE_DIR}/include" -I "${CMAKE_CURRENT_SOURCE_DIR}/kernels"
+                --arch sm_${sm} ${ptx_args} ${pz_nvrtc_defs} -I "${CMAKE_CURRENT_SOURCE_DIR}/include" -I "${CMAKE_CURRENT_SOURCE_DIR}/kernels"
                 -I "${CMAKE_CURRENT_SOURCE_DIR}/kernels/nvrtc" "${PZ_KERNEL_SRC}" -o "${out}"
         DEPENDS ${PZ_DEVICE_DEPS} "${CMAKE_CURRENT_SOURCE_DIR}/cmake/nvrtc_compile.py" COMMENT "nvrtc: sm_${sm}" VERBATIM)
       list(APPEND PZ_DEVICE_FILES ${outs})

@@ -2,7 +2,7 @@
 """Compiles the device module with NVRTC, NVIDIA's compiler as a library
 (PyPI: nvidia-cuda-nvrtc-cu12), where no nvcc is installed:
 
-    nvrtc_compile.py --nvrtc libnvrtc.so.12 --arch sm_90|compute_90 [--ptx PTX] -I DIR... SRC -o OUT
+    nvrtc_compile.py --nvrtc libnvrtc.so.12 --arch sm_90|compute_90 [--ptx PTX] [-D NAME=VALUE...] -I DIR... SRC -o OUT
 
 sm_XY writes a cubin (and with --ptx, the same compile's PTX: that of
 compute_XY), compute_XY PTX. NVRTC runs nvcc's own front end and
@@ -17,6 +17,7 @@ def main() -> int:
     ap.add_argument("--nvrtc", required=True)
     ap.add_argument("--arch", required=True)
     ap.add_argument("-I", dest="includes", action="append", default=[])
+    ap.add_argument("-D", dest="defines", action="append", default=[])
     ap.add_argument("-o", dest="out", required=True)
     ap.add_argument("--ptx", help="with an sm_XY arch: also write the compile's PTX here")
     ap.add_argument("src")
@@ -32,7 +33,8 @@ def main() -> int:
     src = open(a.src, "rb").read()
     check(lib.nvrtcCreateProgram(ctypes.byref(prog), src, a.src.encode(), 0, None, None), "creating the program")
     # -default-device: the headers' unannotated (host-side) helpers compile as device code, unused.
-    opts = [f"-arch={a.arch}", "-std=c++17", "-DNDEBUG", "-default-device"] + [f"-I{d}" for d in a.includes]
+    opts = [f"-arch={a.arch}", "-std=c++17", "-DNDEBUG", "-default-device"]
+    opts += [f"-D{d}" for d in a.defines] + [f"-I{d}" for d in a.includes]
     arr = (ctypes.c_char_p * len(opts))(*[o.encode() for o in opts])
     rc = lib.nvrtcCompileProgram(prog, len(opts), arr)
     size = ctypes.c_size_t()

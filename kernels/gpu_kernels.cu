@@ -1,7 +1,9 @@
 // The device module: every kernel's entry point, compiled as CUDA or HIP
 // device code only (no host pass) into the files the package loads at run
 // time (cubins/PTX, or an AMD code-object bundle). Names follow
-// kernel_names.h; the launcher resolves all of them at load.
+// kernel_names.h; the launcher resolves all of them at load. Every entry's
+// body starts with PZ_WAVE_SCOPE (intrinsics.h: the wave64 emulation's
+// bookkeeping; nothing in other builds).
 #include "portable_zip/delta_gpu.h"
 #include "portable_zip/gpu_codec.h"
 
@@ -28,10 +30,12 @@ namespace pz::gpu {
 // SM (PZ_BOUNDS).
 #define PZ_COMPRESS(D, A, C, T, B, S, M)                                                                       \
   extern "C" PZ_GLOBAL void PZ_BOUNDS_OF(M) pz_compress_##D##_##A##_##T##_##B(CompressLaunch l) {            \
+    PZ_WAVE_SCOPE;                                                                                             \
     compress_kernel<fmt::DType::D, A, fmt::Codec::C, B, S>(l);                                                  \
   }
 #define PZ_DECOMPRESS(D, C, T, S, M)                                                                        \
   extern "C" PZ_GLOBAL void PZ_BOUNDS_OF(M) pz_decompress_##D##_##T(DecompressLaunch d) {                    \
+    PZ_WAVE_SCOPE;                                                                                          \
     decompress_kernel<fmt::DType::D, fmt::Codec::C, S>(d);                                                  \
   }
 // Aligned single tensors: a kernel per codec and lane count; unaligned
@@ -51,6 +55,7 @@ namespace pz::gpu {
   PZ_DECOMPRESS(D, Rans, Rans, 1, 0)                                                                        \
   PZ_DECOMPRESS(D, Rans, RansWide, 2, WD)                                                                   \
   extern "C" PZ_GLOBAL void PZ_BOUNDS_OF(GD) pz_decode_##D(DeviceDecodeLaunch l) {                         \
+    PZ_WAVE_SCOPE;                                                                                          \
     device_decode_kernel<fmt::DType::D>(l);                                                                 \
   }
 
@@ -64,8 +69,11 @@ PZ_CODED(Float32, 8, 8)
 PZ_CODED(Float8E4M3FN, 16, 10)
 PZ_CODED(Float8E5M2, 16, 10)
 
-#define PZ_RAW(E, V, B) \
-  extern "C" PZ_GLOBAL void __launch_bounds__(kCtaThreads) pz_raw_##E##_##V##_##B(RawParams p) { raw_kernel<E, V, B>(p); }
+#define PZ_RAW(E, V, B)                                                                          \
+  extern "C" PZ_GLOBAL void __launch_bounds__(kCtaThreads) pz_raw_##E##_##V##_##B(RawParams p) { \
+    PZ_WAVE_SCOPE;                                                                               \
+    raw_kernel<E, V, B>(p);                                                                      \
+  }
 PZ_RAW(true, true, false)
 PZ_RAW(true, false, false)
 PZ_RAW(false, true, false)
@@ -74,25 +82,33 @@ PZ_RAW(false, true, true)
 PZ_RAW(false, false, true)
 // Device-parsed decodes of every dtype that is never coded (and bool).
 extern "C" PZ_GLOBAL void __launch_bounds__(kCtaThreads) pz_decode_Raw(DeviceDecodeLaunch l) {
+  PZ_WAVE_SCOPE;
   device_decode_kernel<fmt::DType::Invalid>(l);
 }
 
 // Weight deltas (delta_gpu.h): per element width, plan, write and decode.
 #define PZ_DELTA(W)                                                                                          \
   extern "C" PZ_GLOBAL void __launch_bounds__(kCtaThreads) pz_delta_plan_##W(DeltaParams p) {               \
+    PZ_WAVE_SCOPE;                                                                                          \
     delta_plan_kernel<uint##W##_t>(p);                                                                      \
   }                                                                                                         \
   extern "C" PZ_GLOBAL void __launch_bounds__(kCtaThreads) pz_delta_write_##W(DeltaParams p) {              \
+    PZ_WAVE_SCOPE;                                                                                          \
     delta_write_kernel<uint##W##_t>(p);                                                                     \
   }                                                                                                         \
   extern "C" PZ_GLOBAL void __launch_bounds__(kCtaThreads) pz_delta_decode_##W(DeltaParams p) {             \
+    PZ_WAVE_SCOPE;                                                                                          \
     delta_decode_kernel<uint##W##_t>(p);                                                                    \
   }
 PZ_DELTA(8)
 PZ_DELTA(16)
 PZ_DELTA(32)
-extern "C" PZ_GLOBAL void __launch_bounds__(kCtaThreads) pz_delta_table(DeltaTableParams p) { delta_table_kernel(p); }
+extern "C" PZ_GLOBAL void __launch_bounds__(kCtaThreads) pz_delta_table(DeltaTableParams p) {
+  PZ_WAVE_SCOPE;
+  delta_table_kernel(p);
+}
 extern "C" PZ_GLOBAL void __launch_bounds__(kCtaThreads) pz_delta_checksum(DeltaSumParams p) {
+  PZ_WAVE_SCOPE;
   delta_checksum_kernel(p);
 }
 

@@ -194,7 +194,7 @@ PZ_DEVICE inline void delta_table_kernel(const DeltaTableParams& p) {
     bytes += e.bytes, count += e.count;
   }
   part_bytes[threadIdx.x] = bytes, part_count[threadIdx.x] = count;
-  __syncthreads();
+  PZ_BLOCK_SYNC();
   uint64_t at = delta::payload_begin(p.nblocks), changed = 0;
   for (int t = 0; t < kCtaThreads; ++t) {
     if (t == static_cast<int>(threadIdx.x)) break;

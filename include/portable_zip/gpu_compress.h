@@ -653,14 +653,14 @@ PZ_DEVICE PZ_FORCE_INLINE void compress_ticket(const CompressParams& p, uint64_t
                             : seg.kind == kStoredLate ? fmt::max_segment_bytes(fmt::block_symbols(h, l, b))
                                                       : fmt::align_up(seg.used, fmt::kAlign);
     if (lane == 0) cta_size[group] = padded;
-    __syncthreads();
+    PZ_BLOCK_SYNC();
     if (group == 0) {
       uint64_t agg = 0;
       for (int g = 0; g < kGroupsPerCta; ++g) agg += cta_size[g];
       const uint64_t excl = lookback(p.status, ticket, agg);
       if (lane == 0) *cta_excl = excl;
     }
-    __syncthreads();
+    PZ_BLOCK_SYNC();
     if (active) {
       uint64_t excl = *cta_excl;
       for (int g = 0; g < group; ++g) excl += cta_size[g];
@@ -701,7 +701,9 @@ PZ_DEVICE PZ_FORCE_INLINE void compress_ticket(const CompressParams& p, uint64_t
 // compress_states). Tickets are handed out in order,
 // so every look-back waits only on CTAs already running. The look-back runs
 // per CTA, by group 0 only: on wave64 both groups share one wave, so no group
-// may spin on a result its wave-mate has yet to produce.
+// may spin on a result its wave-mate has yet to produce. (The wave64
+// emulation holds group 1 at the CTA barrier meanwhile, standing in for its
+// masked-off lanes: intrinsics.h.)
 template <fmt::DType D, bool Aligned, fmt::Codec C, bool Batched, int S>
 PZ_DEVICE PZ_FORCE_INLINE void compress_kernel(CompressLaunch launch) {
   extern __shared__ __align__(16) uint8_t smem[];
@@ -715,11 +717,11 @@ PZ_DEVICE PZ_FORCE_INLINE void compress_kernel(CompressLaunch launch) {
     const uint64_t tickets = (fmt::layout_of(launch.one.h).nblocks + kGroupsPerCta - 1) / kGroupsPerCta;
     for (;;) {
       if (threadIdx.x == 0) cta_ticket = atomic_add<Scope::Device>(launch.ticket, 1u);
-      __syncthreads();
+      PZ_BLOCK_SYNC();
       const uint64_t ticket = cta_ticket;
       if (ticket >= tickets) return;  // CTA-uniform
       compress_ticket<D, Aligned, C, S>(launch.one, ticket, smem, spill, cta_size, &cta_excl);
-      __syncthreads();  // cta_ticket, cta_size and the staging buffers are reused
+      PZ_BLOCK_SYNC();  // cta_ticket, cta_size and the staging buffers are reused
     }
   } else {
     __shared__ __align__(16) uint8_t job_bytes[sizeof(CompressParams)];  // raw: Header is not trivially constructible
@@ -728,7 +730,7 @@ PZ_DEVICE PZ_FORCE_INLINE void compress_kernel(CompressLaunch launch) {
     uint32_t current = ~0u;
     for (;;) {
       if (threadIdx.x == 0) cta_ticket = atomic_add<Scope::Device>(launch.ticket, 1u);
-      __syncthreads();
+      PZ_BLOCK_SYNC();
       uint64_t ticket = cta_ticket;
       if (ticket >= total) return;  // CTA-uniform
       uint32_t lo = 0, hi = launch.njobs - 1;  // the first tensor whose end is past the ticket
@@ -742,10 +744,10 @@ PZ_DEVICE PZ_FORCE_INLINE void compress_kernel(CompressLaunch launch) {
         for (uint32_t i = threadIdx.x; i < sizeof(CompressParams) / 4; i += blockDim.x)
           reinterpret_cast<uint32_t*>(job_bytes)[i] = reinterpret_cast<const uint32_t*>(&launch.jobs[lo])[i];
         current = lo;
-        __syncthreads();
+        PZ_BLOCK_SYNC();
       }
       compress_ticket<D, Aligned, C, S>(job, ticket, smem, spill, cta_size, &cta_excl);
-      __syncthreads();  // cta_ticket, cta_size, job and the staging buffers are reused
+      PZ_BLOCK_SYNC();  // cta_ticket, cta_size, job and the staging buffers are reused
     }
   }
 }

@@ -544,7 +544,7 @@ PZ_DEVICE PZ_FORCE_INLINE void device_decode_kernel(DeviceDecodeLaunch launch) {
     }
     const uint64_t local = t - start;
     if (j != current) {
-      __syncthreads();  // the previous job's header is no longer read
+      PZ_BLOCK_SYNC();  // the previous job's header is no longer read
       if (threadIdx.x == 0) {
         DeviceDecode& w = *reinterpret_cast<DeviceDecode*>(job_bytes);
         w = launch.njobs > 1 ? launch.jobs[j] : launch.one;
@@ -571,7 +571,7 @@ PZ_DEVICE PZ_FORCE_INLINE void device_decode_kernel(DeviceDecodeLaunch launch) {
         if (e && e != kSkip && local == 0) atomic_or<Scope::Device>(w.err, e);
       }
       current = j;
-      __syncthreads();
+      PZ_BLOCK_SYNC();
     }
     if (head_error) continue;  // CTA-uniform
     const fmt::Layout l = fmt::layout_of(h);

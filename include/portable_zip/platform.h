@@ -34,11 +34,20 @@
 // Hardware wavefront width of the device pass. gfx9 (CDNA) is wave64; RDNA and
 // NVIDIA are wave32. Deliberately undefined in host passes: use
 // pz::host_warp_size() there.
+// PZ_EMULATE_WAVE64 (the wave64 test build, NVIDIA only: cmake
+// -DPZ_EMULATE_WAVE64=ON) makes the device pass wave64: a wave is two warps
+// kept in step (intrinsics.h, PZ_WAVE_EMULATION), so gfx9's paths run on NVIDIA.
+#if defined(PZ_EMULATE_WAVE64) && defined(PZ_HIP)
+#error "PZ_EMULATE_WAVE64 emulates wave64 on NVIDIA GPUs; build HIP for a gfx9 target instead"
+#endif
 #if defined(PZ_DEVICE_COMPILE)
 #if defined(PZ_HIP) && defined(__AMDGCN_WAVEFRONT_SIZE)
 #define PZ_WARP_SIZE __AMDGCN_WAVEFRONT_SIZE
 #elif defined(PZ_HIP) && defined(__GFX9__)
 #define PZ_WARP_SIZE 64
+#elif defined(PZ_CUDA) && defined(PZ_EMULATE_WAVE64)
+#define PZ_WARP_SIZE 64
+#define PZ_WAVE_EMULATION 1
 #else
 #define PZ_WARP_SIZE 32
 #endif
