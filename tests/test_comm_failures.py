@@ -60,7 +60,7 @@ def test_dead_peer(results, world, op, mode, phase):
     sc = next(s for s in cfw.matrix_scenarios(world) if s.name == name)
     assert name in results, f"{name}: the cell did not run"
     res = results[name]
-    where = (f"{op} under compress={mode} ({cfw.plan_of(mode)} plan), world {world}, rank {sc.victim} killed "
+    where = (f"{op} under compress={mode} ({cfw.plan_of(mode, op)} plan), world {world}, rank {sc.victim} killed "
              f"{phase} ({'sends withheld' if phase == 'data' and cfw.withholds_sends(op, mode) else 'as posted'})")
     assert not res["leftover"], f"{where}: processes left behind in the groups of ranks {res['leftover']}"
     status, value = res["ranks"][sc.victim]

@@ -183,10 +183,12 @@ class ProcessGroupPZ(dist.ProcessGroup):
             self._register_backend(d, _KIND[g.backend], g.pg._get_backend(d))
         self._set_default_backend(_KIND[self._inner["cpu"].backend])
         _agree_options(self._inner["cpu"], options, self.timeout)
-        # Point to point: per inner kind, its header group (the inner one) and a data group.
+        # Point to point: per inner kind, groups of its own (NCCL: one per direction).
         for kind, g in self._inner.items():
-            data = Group(store, rank, ranks, g.backend, self.timeout, f"{name}/{kind}-data")
-            self._p2ps[kind] = P2P(g, data, options.compress, self._pays(kind), options.max_sms or 0)
+            groups = tuple(Group(store, rank, ranks, g.backend, self.timeout, f"{name}/{kind}-p2p{d}")
+                           for d in (("up", "down") if g.backend == "nccl" else ("",)))
+            self._p2ps[kind] = P2P(groups, self._compresses(kind, options.compress), self.timeout,
+                                   options.max_sms or 0)
         if "cpu" in self.devices:
             # Made now, with every rank here: never raced by a first op on
             # another thread. A GPU kind's waits for its first op, after the
@@ -451,8 +453,8 @@ class ProcessGroupPZ(dist.ProcessGroup):
         return self._inner["cpu"].pg._get_backend(torch.device("cpu")).monitored_barrier(timeout, wait_all_ranks)
 
     # --- point to point -------------------------------------------------------------
-    # torch's matching: each send meets the peer's recv in posting order,
-    # whatever either side batches or waits on (p2p.py); tags are not used.
+    # torch's matching: each send meets the peer's recv in posting order per
+    # tag, whatever either side batches or waits on (p2p.py).
     @_plain()
     def send(self, tensors, dst: int, tag: int = 0):
         return self._p2p("send", tensors, dst, tag)
@@ -473,22 +475,24 @@ class ProcessGroupPZ(dist.ProcessGroup):
             self._running.settle(writes, reads)
             p = self._p2ps[t.device.type if t.device.type in self._inner else "cpu"]
             if kind == "send":
-                w = p.send(_Contig.inp(t, self), peer)
+                w = p.send(_Contig.inp(t, self), peer, tag)
             elif t.is_contiguous():
-                w = p.recv(t, peer)
+                w = p.recv(t, peer, tag)
             else:
                 k = _Contig()
-                w = works.then(p.recv(k.out(t, self), peer), [t], k.then())
+                w = works.then(p.recv(k.out(t, self), peer, tag), [t], k.then())
             return self._running.add(w, writes, reads)
 
-    def _pays(self, kind: str):
-        """auto's choice for a point-to-point tensor: the device kind's
-        calibrated policy, once a collective has made its Communicator
-        (until then, raw: never slower than torch's own)."""
-        def pays(t) -> bool:
+    def _compresses(self, kind: str, mode: str):
+        """The sender's plan for a point-to-point tensor: the mode, and under
+        auto the device kind's calibrated policy once a collective has made
+        its Communicator (until then, raw: never slower than torch's own)."""
+        def compresses(t) -> bool:
+            if mode != "auto":
+                return mode == "always"
             c = self._comms.get(t.device.type)
             return c is not None and c.policy.choose("send", t.dtype, t.nbytes, 2) == "compressed"
-        return pays
+        return compresses
 
     @_plain()
     def recv_anysource(self, tensors, tag: int = 0):
@@ -517,7 +521,6 @@ class ProcessGroupPZ(dist.ProcessGroup):
             p2ps, self._p2ps = list(self._p2ps.values()), {}  # their pays() closures hold self: no cycle
             for p in p2ps:
                 p.close()
-                p.data.close()
             for g in self._inner.values():
                 g.close()
 

@@ -22,12 +22,12 @@ from . import collectives as coll
 from .collectives import ReduceOp
 from .deadline import Deadline
 from .groups import give_up
-from .pieces import Call, Plan, Result
-from .pipeline import exchange
+from .p2p import PointToPoint
+from .pieces import Call
 from .plans import Plans
 from .policy import Policy
-from .setup import device_of, open_transport, private_group, timeout_of
-from .stats import Stats
+from .setup import device_of, open_channel, open_transport, private_group, timeout_of
+from .stats import Stats, merged
 from .transports import fabric
 from .transports.torch import movable
 from .work import Work, Worker, exclusive
@@ -92,9 +92,10 @@ class Communicator:
         self.parent_group = group if group is not None else dist.group.WORLD
         self.group = private_group(self.parent_group, self.timeout)
         self.compress = compress
-        self.tp = self._worker = None
+        self.tp = self._worker = self._p2p = self._channel = None
         self._closed = False
         self._entry, self._inside = threading.Lock(), None  # one thread inside an op at a time (work.exclusive)
+        self._p2p_lock = threading.RLock()  # the pending isend/irecv group: posts and waits from any thread
         try:
             self._connect(s, transport, domains, device, (link_gbps, latency_us, codec_gbps, margin))
         except BaseException as e:
@@ -111,6 +112,8 @@ class Communicator:
         self._cuda = self.device.type == "cuda"
         lay = open_transport(self.group, self.device, transport, domains, s, self.timeout)
         self.tp, self.domains, self.backend = lay.tp, lay.domains, lay.backend
+        # Point to point's own transports: their FIFOs carry nothing of the collectives'.
+        self._channel = open_channel(self.parent_group, self.device, transport, domains, s, self.timeout)
         self._native, self._mixed, self._hier = lay.native, lay.mixed, lay.hier
         cross = tuple((i, j) for i in range(self.world) for j in range(i)
                       if lay.domain_of[i] != lay.domain_of[j]) if lay.mixed else ()
@@ -124,6 +127,9 @@ class Communicator:
         self._stream_native = self._native and self.tp.backend == "nccl" and not s.sync_native
         self._check_plans = False
         self.tp.connect(Deadline(self.timeout))  # collective: every rank constructs its Communicator
+        for tp in dict.fromkeys(self._channel.tps):
+            tp.connect(Deadline(self.timeout))
+        self._p2p = PointToPoint(self._channel.tps, self._compresses, self.timeout, s.piece_bytes, self.max_sms)
         cached = calibration.cached_digest(self.policy, self.tp, self.parent_group, self._budget()) \
             if compress == "auto" else 0
         self._check_plans, reuse = agree.handshake(self.tp, compress, s.check_plans, cached, s.piece_bytes,
@@ -136,7 +142,12 @@ class Communicator:
     # --- plumbing -------------------------------------------------------------
     @property
     def stats(self) -> dict:
-        return self._stats.view()
+        own = self._stats.view()
+        return merged([own, self._p2p.stats.view()]) if self._p2p is not None else own
+
+    def _compresses(self, t: torch.Tensor, peer: int) -> bool:
+        """A message's plan, the sender's alone (the receiver reads it from the frame)."""
+        return self._plans.pair([t], peer) == "compressed"
 
     def _budget(self) -> int:
         """The SM budget of a call's codec launches (0: all): max_sms, capped
@@ -421,110 +432,63 @@ class Communicator:
         return splits
 
     # --- point to point -------------------------------------------------------
-    # isend/irecv are grouped, like torch.distributed.batch_isend_irecv (and
-    # NCCL group semantics): ops posted before a wait() run as one exchange, so
-    # a ring of isend + irecv cannot deadlock, and a batch of tensors (a state
-    # dict, KV blocks) costs the round trips of one transfer. Peers must post
-    # matching groups.
+    # One path (p2p.py): each message carries its dtype, size and plan, the
+    # sender's choice; a receive matches the peer's sends in posting order.
+    # isend/irecv posted before a wait() go out as one group, like
+    # torch.distributed.batch_isend_irecv: each message names its group's
+    # count for the pair and tag, and a peer whose group differs raises
+    # MismatchError. Tags match as torch's do: per (source, destination, tag).
     @exclusive
-    def send(self, t: torch.Tensor, dst: int) -> None:
+    def send(self, t: torch.Tensor, dst: int, tag: int = 0) -> None:
         self._check(t, "send tensor")
         self._peer(dst)
-        if not self._lone_native("send", t, dst):
-            self._post_p2p("send", t, dst)
-            self._flush(inline=True)
+        self._post_p2p("send", t, dst, tag).wait()
 
     @exclusive
-    def recv(self, t: torch.Tensor, src: int) -> None:
+    def recv(self, t: torch.Tensor, src: int, tag: int = 0) -> None:
         self._check(t, "recv tensor")
         self._peer(src)
-        if not self._lone_native("recv", t, src):
-            self._post_p2p("recv", t, src)
-            self._flush(inline=True)
-
-    def _lone_native(self, kind: str, t: torch.Tensor, peer: int) -> bool:
-        """A blocking send/recv with nothing queued whose plan is native: one
-        torch.distributed transfer, nothing else (both sides decide alike:
-        the pair's plan is a function of the pair's tensors, here just t;
-        on NCCL it is posted as a batch like any other, see transports/torch.py)."""
-        if not self._idle_native("send", t):
-            return False
-        self._run_native(kind, lambda: self.tp.post([(kind, t, peer)]), t.nbytes if kind == "send" else 0)
-        return True
+        self._post_p2p("recv", t, src, tag).wait()
 
     @exclusive
-    def isend(self, t: torch.Tensor, dst: int) -> Work:
+    def isend(self, t: torch.Tensor, dst: int, tag: int = 0) -> Work:
         self._check(t, "send tensor")
         self._peer(dst)
-        return self._post_p2p("send", t, dst)
+        return self._post_p2p("send", t, dst, tag)
 
     @exclusive
-    def irecv(self, t: torch.Tensor, src: int) -> Work:
+    def irecv(self, t: torch.Tensor, src: int, tag: int = 0) -> Work:
         self._check(t, "recv tensor")
         self._peer(src)
-        return self._post_p2p("recv", t, src)
+        return self._post_p2p("recv", t, src, tag)
 
-    def _post_p2p(self, kind, t, peer) -> Work:
+    def _post_p2p(self, kind, t, peer, tag) -> Work:
+        if isinstance(tag, bool) or not isinstance(tag, numbers.Integral) or not 0 <= tag < 1 << 62:
+            raise ValueError(f"tag must be an int >= 0, got {tag!r}")
         fut = concurrent.futures.Future()
-        self._pending.append((kind, t, peer, fut, self._budget()))  # the budget where the op is posted
-        return Work(fut, self._flushed)
-
-    @exclusive
-    def _flushed(self, inline: bool = False) -> None:
-        """Work.wait's flush: a wait on any thread is an entry like an op."""
-        self._flush(inline)
+        with self._p2p_lock:
+            self._pending.append((kind, t, peer, int(tag), fut))
+        return Work(fut, self._flush)
 
     def _flush(self, inline: bool = False) -> None:
-        """Run the pending isend/irecv group on the worker as one exchange:
-        tensors to (from) the same peer travel in posting order, in waves."""
-        pending, self._pending = self._pending, []
-        if not pending:
-            return
-        sends, recvs = {}, {}
-        for kind, t, peer, *_ in pending:
-            (sends if kind == "send" else recvs).setdefault(peer, []).append(t)
-        # The group's launches serve every op in it: the tightest budget any was posted under.
-        budgets = [b for *_, b in pending if b]
-        sms = min(budgets) if budgets else 0
-        n_send = sum(len(v) for v in sends.values())
+        """Post the pending isend/irecv group on the point-to-point path (it runs on its own threads).
+        Work.wait calls it from any thread: it takes its own lock, not the op entry's."""
+        with self._p2p_lock:
+            pending, self._pending = self._pending, []
+            self._post_group(pending)
 
-        def run(sms):
+    def _post_group(self, pending: list) -> None:
+        counts: dict = {}
+        for kind, _t, peer, tag, _f in pending:
+            counts[kind, peer, tag] = counts.get((kind, peer, tag), 0) + 1
+        for kind, t, peer, tag, fut in pending:
+            post = self._p2p.isend if kind == "send" else self._p2p.irecv
             try:
-                call = self._call(sms)
-                t0 = time.perf_counter()
-                peers = sorted(set(sends) | set(recvs))
-                pairs = {p: self._plans.pair(sends.get(p, []) + recvs.get(p, []), p) for p in peers}
-                if self._check_plans:
-                    agree.check_pairs(self.tp, pairs, sends, recvs, call.deadline)
-                if set(pairs.values()) == {"native"}:
-                    # Fast path: straight to torch.distributed, no extra round trip.
-                    ops = [("send", t, p) for p, ts in sends.items() for t in ts] + \
-                          [("recv", t, p) for p, ts in recvs.items() for t in ts]
-                    self._await_native(self.tp.post(ops), call.deadline)
-                    raw = sum(t.nbytes for ts in sends.values() for t in ts)
-                    res, plan = Result(raw, raw), "native"
-                else:
-                    # Native pairs ride in the same exchange, uncompressed and
-                    # with no control round (both sides know they are native).
-                    res = exchange(self.tp, sends, recvs, {
-                        p: Plan(coded=pl == "compressed", agreed=pl == "native") for p, pl in pairs.items()}, call)
-                    plan = "compressed" if "compressed" in pairs.values() else "raw"
-                if sends:
-                    self._record("send", plan, t0, res.raw_bytes, res.wire_bytes, calls=n_send)
-                if recvs:
-                    self._record("recv", plan, t0, 0, 0, calls=len(pending) - n_send)
-            except BaseException as e:  # noqa: BLE001 - every op of the group fails alike
-                for *_, fut, _b in pending:
-                    fut.set_exception(e)
-                raise
-            for *_, fut, _b in pending:
-                fut.set_result(None)
-
-        if inline:
-            self._worker.drain()
-            run(sms)
-        else:
-            self._worker.submit(lambda: run(sms))
+                inner = post(t, peer, tag, group=counts[kind, peer, tag])
+            except BaseException as e:  # noqa: BLE001 - a closed path: the op's Work raises it
+                fut.set_exception(e)
+                continue
+            inner.add_done_callback(lambda f, fut=fut: _settle(fut, f))
 
     @exclusive
     def close(self) -> None:
@@ -534,6 +498,7 @@ class Communicator:
         try:
             self._flush()
             self._worker.drain()
+            self._p2p.drain()
         finally:
             self._release()
 
@@ -544,15 +509,29 @@ class Communicator:
         try:
             if self._worker is not None:
                 self._worker.shutdown()
+            if self._p2p is not None:
+                self._p2p.close()
         finally:
             try:
                 if self.tp is not None:
                     self.tp.close()
             finally:
-                self.group.close()
+                try:
+                    if self._channel is not None:
+                        self._channel.close()
+                finally:
+                    self.group.close()
 
     def __repr__(self) -> str:
         return f"Communicator(rank={self.rank}, world={self.world}, compress={self.compress!r}, {self.backend})"
+
+
+def _settle(fut: concurrent.futures.Future, inner: concurrent.futures.Future) -> None:
+    e = inner.exception()
+    if e is not None:
+        fut.set_exception(e)
+    else:
+        fut.set_result(None)
 
 
 def _given(arg, setting):

@@ -1,8 +1,9 @@
 """The one exchange: any set of pairwise transfers, compressed or raw, over
 any transport, in waves.
 
-1. Control (pairs whose plan is not agreed): agree.control swaps and checks
-   each pair's specs, so a mismatch raises alike on both sides.
+1. No control round: every caller (the collectives) swapped and checked its
+   spec already, so each side derives the peer's messages (point to point
+   announces its own: p2p.py).
 2. Each direction's tensors become units (a raw tensor, or one piece of a
    coded one) cut into waves of at least wave_bytes; a wave's new coded
    pieces compress in one launch, and wave w is posted while wave w+1
@@ -101,7 +102,7 @@ class _Exchange:
 
     # --- round 1 and the units ---------------------------------------------
     def prepare(self, sends, recvs, plan) -> None:
-        tp, s = self.tp, self.call.settings
+        s = self.call.settings
         peers = sorted(set(sends) | set(recvs))
         pair = {p: plan if isinstance(plan, Plan) else plan[p] for p in peers}
 
@@ -113,17 +114,10 @@ class _Exchange:
 
         out_coded = {p: coded_of(ts, p) for p, ts in sends.items()}
         out_piece = {p: pieces_of(ts, out_coded[p]) for p, ts in sends.items()}
-        in_coded = {p: coded_of(ts, p) for p, ts in recvs.items() if pair[p].agreed}
-        in_piece = {p: pieces_of(ts, in_coded[p]) for p, ts in recvs.items() if pair[p].agreed}
-        talk = [p for p in peers if not pair[p].agreed]
-        if talk:
-            mine = {p: ([[code_of(t.dtype), t.numel(), agree.PLAN_CODED if c else agree.PLAN_RAW, pc]
-                         for t, c, pc in zip(sends.get(p, []), out_coded.get(p, []), out_piece.get(p, []))],
-                        [[code_of(t.dtype), t.numel()] for t in recvs.get(p, [])]) for p in talk}
-            coded, pieces = agree.control(tp, talk, mine, self.call.deadline)
-            self.trace("control swapped")
-            in_coded.update((p, v) for p, v in coded.items() if p in recvs)
-            in_piece.update((p, v) for p, v in pieces.items() if p in recvs)
+        in_coded = {p: coded_of(ts, p) for p, ts in recvs.items()}
+        in_piece = {p: pieces_of(ts, in_coded[p]) for p, ts in recvs.items()}
+        if not all(pair[p].agreed for p in peers):
+            raise ValueError("pipeline.exchange takes agreed plans only (collectives swap their spec first)")
 
         keys = {p: [(t.data_ptr(), t.numel(), t.dtype) for t in ts] for p, ts in sends.items()}
         self.out_units = {p: units(p, ts, out_coded[p], out_piece[p], keys[p]) for p, ts in sends.items()}

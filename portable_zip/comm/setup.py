@@ -141,6 +141,45 @@ def open_transport(group: Group, device: torch.device, transport: str, domains, 
     return Layout(tp, doms, domain_of, False, mixed, hier, all_gpu, backend)
 
 
+@dataclass
+class Channel:
+    """Point to point's own transports, (to higher ranks, to lower ranks), and the groups they run on."""
+    tps: tuple
+    groups: list
+
+    def close(self) -> None:
+        """Each transport, then each group (a fabric transport leaves its group's sockets open), even if one fails."""
+        try:
+            for tp in dict.fromkeys(self.tps):
+                tp.close()
+        finally:
+            for g in self.groups:
+                g.close()
+
+
+def open_channel(parent, device: torch.device, transport: str, domains, settings: Settings,
+                 timeout: float) -> Channel:
+    """Point to point's transports, of the same kind as the Communicator's, on
+    a private group of their own, so their FIFOs hold only point-to-point
+    frames. NCCL runs a pair's two directions on one stream in posting
+    order, so there each direction gets a group."""
+    group = private_group(parent, timeout)
+    try:
+        tp = open_transport(group, device, transport, domains, settings, timeout).tp
+    except BaseException:
+        group.close()
+        raise
+    if tp.backend != "nccl":
+        return Channel((tp, tp), [group])
+    try:
+        down = TorchDistTransport(private_group(parent, timeout))
+    except BaseException:
+        Channel((tp,), [group]).close()
+        raise
+    down.watch = tp.watch  # checked in its waits; closed by whichever closes first
+    return Channel((tp, down), [group, down.group])
+
+
 def _listen(mine: address.Listen, facts, rank: int) -> address.Listen:
     return address.choose(mine, [f["host"] for f in facts], [f["addr"] for f in facts], rank)
 

@@ -93,7 +93,8 @@ class TorchDistTransport(Transport):
         self._global = group.ranks
         self._gloo = self.backend == "gloo"
         self._others = [p for p in range(self.world) if p != self.rank]
-        self._waiter = None
+        self._waiters: dict = {}  # per calling thread (point to point waits from several at once)
+        self._waiters_lock = threading.Lock()
         self._broken = None  # the first transfer failure a wait saw: nothing is posted after it
 
     def global_rank(self, r: int) -> int:
@@ -101,8 +102,9 @@ class TorchDistTransport(Transport):
 
     def close(self) -> None:
         self.close_watch()
-        waiter, self._waiter = self._waiter, None
-        if waiter is not None:
+        with self._waiters_lock:
+            waiters, self._waiters = list(self._waiters.values()), {}
+        for waiter in waiters:
             waiter.stop()
         self.group.close()
 
@@ -199,9 +201,12 @@ class TorchDistTransport(Transport):
         """gloo works whose wait runs once (send/recv) or ignores its timeout
         (reduce_scatter): waited by the waiter thread while this one reads
         the watch (if any) and the deadline."""
-        if self._waiter is None:
-            self._waiter = _Waiter()
-        done, box = self._waiter.submit(lambda: self._wait(works, deadline, None))
+        me = threading.get_ident()
+        with self._waiters_lock:
+            waiter = self._waiters.get(me)
+            if waiter is None:
+                waiter = self._waiters[me] = _Waiter()
+        done, box = waiter.submit(lambda: self._wait(works, deadline, None))
         while not done.wait(SLICE_S):
             if watch is not None:
                 watch.check(self.name)

@@ -1,0 +1,131 @@
+"""Per-rank bodies of the one point-to-point path's tests (tests/test_p2p.py)."""
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+import portable_zip as pz
+from comm_workers import check, data, empty, same
+from portable_zip.c10d import Options
+
+
+def tags_match_per_tag(rank, world, seed, mode):
+    """Messages match per (source, destination, tag) in posting order: the
+    receiver posts its tags in another order than the sender sent them (the
+    early ones are staged until their receives come), and within a tag the
+    order holds. Group counts are per tag: the sender's one group of four
+    meets the receiver's groups of one and three."""
+    comm = pz.Communicator(compress=mode, timeout=30)
+    n = 50_000
+    if rank == 0:
+        works = [comm.isend(data(seed, 0, k, n + k, torch.bfloat16), 1, tag=tag)
+                 for k, tag in enumerate([5, 7, 5, 9])]
+        for w in works:
+            w.wait()
+        return "sent"
+    got = {k: empty(n + k, dtype=torch.bfloat16) for k in range(4)}
+    comm.irecv(got[3], 0, tag=9).wait()  # the last one sent: the three before it wait staged
+    works = [comm.irecv(got[1], 0, tag=7), comm.irecv(got[0], 0, tag=5), comm.irecv(got[2], 0, tag=5)]
+    for w in works:
+        w.wait()
+    ok = {k: same(t, data(seed, 0, k, n + k, torch.bfloat16)) for k, t in got.items()}
+    check(all(ok.values()), f"tags matched wrongly: {ok}")
+    return comm.stats["recv"]["plans"]
+
+
+def mismatch_in_mode(rank, world, mode, case, via):
+    """A receive whose size or dtype differs from the send raises MismatchError on both ranks, in every mode
+    (issue: under "never" a 200,000-element bf16 send into 200,001 elements or fp16 used to return)."""
+    n = 200_000
+    recv = {"size": (n + 1, torch.bfloat16), "dtype": (n, torch.float16)}[case]
+    if via == "backend":
+        g = dist.new_group(backend="pz", pg_options=Options(compress=mode, timeout=20.0))
+        send = lambda t: dist.send(t, 1, group=g)  # noqa: E731
+        rcv = lambda t: dist.recv(t, 0, group=g)  # noqa: E731
+    else:
+        comm = pz.Communicator(compress=mode, timeout=20)
+        send, rcv = (lambda t: comm.send(t, 1)), (lambda t: comm.recv(t, 0))
+    try:
+        if rank == 0:
+            send(torch.zeros(n, dtype=torch.bfloat16))
+        else:
+            rcv(torch.empty(recv[0], dtype=recv[1]))
+    except pz.MismatchError as e:
+        return str(e)
+    return "no error"
+
+
+def pieces_and_corruption(rank, world, seed):
+    """A message cut into several compressed pieces lands exactly; a corrupt
+    piece fails that message on both ranks, and the pair goes on."""
+    import portable_zip.codec as codec
+
+    comm = pz.Communicator(compress="always", timeout=30)
+    n = 3 * 8192 * 16 + 4321  # PZ_PIECE_BYTES=131072: four bf16 pieces, the last short
+    out = []
+    if rank == 0:
+        comm.send(data(seed, 0, 1, n, torch.bfloat16), 1)
+        good, calls = codec.compress, [0]
+
+        def corrupt_second(t, *a, **k):
+            buf = good(t, *a, **k)
+            calls[0] += 1
+            if calls[0] == 2:
+                size = int(codec.size_field(buf).view(torch.int64)[0])
+                buf[size // 3] ^= 0x5A  # a byte of the raw planes: the decoded values change, the checksum must see it
+            return buf
+        codec.compress = corrupt_second
+        try:
+            comm.send(data(seed, 0, 2, n, torch.bfloat16), 1)
+            out.append("sent")
+        except pz.PeerError as e:
+            out.append(str(e))
+        codec.compress = good
+        comm.send(data(seed, 0, 3, n, torch.bfloat16), 1)
+        return out
+    for k in (1, 2, 3):
+        t = empty(n, dtype=torch.bfloat16)
+        try:
+            comm.recv(t, 0)
+            out.append(same(t, data(seed, 0, k, n, torch.bfloat16)))
+        except pz.PeerError as e:
+            out.append(str(e))
+    out.append(comm.stats["recv"]["calls"])
+    return out
+
+
+def receiver_exits_at_once(rank, world, seed):
+    """A receiver that leaves right after its recv (no close) leaves its sender with a completed send:
+    a receive completes only once its ACK is out."""
+    comm = pz.Communicator(compress="always", timeout=20)
+    if rank == 1:
+        t = empty(100_000, dtype=torch.bfloat16)
+        comm.recv(t, 0)
+        os._exit(0 if same(t, data(seed, 0, 0, 100_000, torch.bfloat16)) else 3)
+    t0 = time.monotonic()
+    comm.send(data(seed, 0, 0, 100_000, torch.bfloat16), 1)
+    return time.monotonic() - t0
+
+
+def third_rank_unaffected(rank, world, seed):
+    """Ranks 0 and 1 mismatch; rank 2's transfers with both finish normally."""
+    comm = pz.Communicator(compress="auto", timeout=20)
+    res = []
+    if rank in (0, 1):
+        try:
+            if rank == 0:
+                comm.send(torch.zeros(1000, dtype=torch.float32), 1)
+            else:
+                comm.recv(torch.empty(999, dtype=torch.float32), 0)
+            res.append("no error")
+        except pz.MismatchError:
+            res.append("mismatch")
+        t = empty(5000, dtype=torch.bfloat16)
+        comm.recv(t, 2)
+        res.append(same(t, data(seed, 2, rank, 5000, torch.bfloat16)))
+    else:
+        for peer in (0, 1):
+            comm.send(data(seed, 2, peer, 5000, torch.bfloat16), peer)
+        res.append("sent")
+    return res
