@@ -129,3 +129,42 @@ def third_rank_unaffected(rank, world, seed):
             comm.send(data(seed, 2, peer, 5000, torch.bfloat16), peer)
         res.append("sent")
     return res
+
+
+def gpu_path_and_kv(rank, world, seed, mode):
+    """GPU ranks over the fabric (two may share one GPU): the point-to-point
+    path with CUDA tensors (rings of odd sizes, a tensor cut into pieces,
+    fp8), then KV blocks from CUDA caches into CUDA caches; every byte checked."""
+    import kv_workers as kw
+    from portable_zip.kv import KVLayer, KVReceiver, KVSender
+
+    dev = torch.device("cuda", 0)
+    comm = pz.Communicator(compress=mode, transport="fabric", device=dev, timeout=120)
+    peer, n_ok = 1 - rank, 0
+    for k, (n, dt) in enumerate([(0, torch.bfloat16), (7, torch.float16), (200_003, torch.bfloat16),
+                                 (1_000_001, torch.float8_e4m3fn), (3 << 20, torch.bfloat16)]):
+        mine, got = data(seed, rank, k, n, dt).to(dev), torch.empty(n, dtype=dt, device=dev)
+        for w in (comm.isend(mine, peer), comm.irecv(got, peer)):
+            w.wait()
+        check(same(got, data(seed, peer, k, n, dt).to(dev)), f"ring {n} {dt}")
+        n_ok += 1
+    ids = {0: [5, 1, 9, 3, 7], 1: [2, 8, 0, 6, 4]}
+    kv = [KVLayer(kv=lay.kv.to(dev)) for lay in kw.caches(seed, "prefill", torch.bfloat16, True)]
+    if rank == 0:
+        tx = KVSender(comm, [1])
+        tx.send("r0", 1, kv, ids[0]).wait()
+        tx.close()
+    else:
+        rx = KVReceiver(comm, [0])
+        mine = [KVLayer(kv=lay.kv.to(dev)) for lay in kw.caches(seed, "decode", torch.bfloat16, True)]
+        before = [lay.kv.clone() for lay in mine]
+        rx.recv("r0", 0, mine, ids[1]).wait()
+        for lay, b, src in zip(mine, before, kv):
+            check(same(lay.kv[:, ids[1]], src.kv[:, ids[0]]), "kv blocks")
+            keep = [i for i in range(lay.kv.shape[1]) if i not in ids[1]]
+            check(same(lay.kv[:, keep], b[:, keep]), "kv: nothing outside the named blocks")
+        rx.close()
+        n_ok += 1
+    st = comm.stats
+    comm.close()
+    return n_ok, {op: dict(s["plans"]) for op, s in st.items() if op in ("send", "recv")}

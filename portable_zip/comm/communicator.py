@@ -466,8 +466,8 @@ class Communicator:
         if isinstance(tag, bool) or not isinstance(tag, numbers.Integral) or not 0 <= tag < 1 << 62:
             raise ValueError(f"tag must be an int >= 0, got {tag!r}")
         fut = concurrent.futures.Future()
-        with self._p2p_lock:
-            self._pending.append((kind, t, peer, int(tag), fut))
+        with self._p2p_lock:  # with the SM budget where it is posted: the path's threads have none
+            self._pending.append((kind, t, peer, int(tag), fut, self._budget()))
         return Work(fut, self._flush)
 
     def _flush(self, inline: bool = False) -> None:
@@ -479,12 +479,12 @@ class Communicator:
 
     def _post_group(self, pending: list) -> None:
         counts: dict = {}
-        for kind, _t, peer, tag, _f in pending:
+        for kind, _t, peer, tag, _f, _b in pending:
             counts[kind, peer, tag] = counts.get((kind, peer, tag), 0) + 1
-        for kind, t, peer, tag, fut in pending:
+        for kind, t, peer, tag, fut, sms in pending:
             post = self._p2p.isend if kind == "send" else self._p2p.irecv
             try:
-                inner = post(t, peer, tag, group=counts[kind, peer, tag])
+                inner = post(t, peer, tag, group=counts[kind, peer, tag], max_sms=sms or None)
             except BaseException as e:  # noqa: BLE001 - a closed path: the op's Work raises it
                 fut.set_exception(e)
                 continue

@@ -70,6 +70,7 @@ class _Op:
     t0: float = field(default_factory=time.perf_counter)
     wire: int = 0
     plan: str = "raw"
+    sms: Optional[int] = None        # the SM budget of its codec launches (None: every SM)
 
 
 @dataclass
@@ -121,17 +122,23 @@ class PointToPoint:
         self.rank, self.world = tp.rank, tp.world
 
     # --- posting ---------------------------------------------------------------
-    def isend(self, t: torch.Tensor, peer: int, tag: int = 0, group: int = 0) -> concurrent.futures.Future:
-        return self._post("send", t, peer, tag, group)
+    def isend(self, t: torch.Tensor, peer: int, tag: int = 0, group: int = 0,
+              max_sms: Optional[int] = None) -> concurrent.futures.Future:
+        """Post a send; its future completes once the peer's ACK says the bytes are in place.
+        group: this op's group's sends to peer on tag (0: ungrouped). max_sms: the SM budget where it
+        was posted (None: the path's own cap)."""
+        return self._post("send", t, peer, tag, group, max_sms)
 
-    def irecv(self, t: torch.Tensor, peer: int, tag: int = 0, group: int = 0) -> concurrent.futures.Future:
-        return self._post("recv", t, peer, tag, group)
+    def irecv(self, t: torch.Tensor, peer: int, tag: int = 0, group: int = 0,
+              max_sms: Optional[int] = None) -> concurrent.futures.Future:
+        return self._post("recv", t, peer, tag, group, max_sms)
 
-    def _post(self, kind, t, peer, tag, group) -> concurrent.futures.Future:
+    def _post(self, kind, t, peer, tag, group, max_sms) -> concurrent.futures.Future:
         if not t.is_contiguous():
             raise ValueError(f"pz p2p: {kind} needs a contiguous tensor")
         op = _Op(kind, t.reshape(-1), peer, int(tag), group, Deadline(self.timeout),
-                 stream=torch.cuda.current_stream(t.device) if t.is_cuda else None)
+                 stream=torch.cuda.current_stream(t.device) if t.is_cuda else None,
+                 sms=max_sms or self.max_sms)
         self._peer(peer).add(op)
         return op.fut
 
@@ -222,6 +229,9 @@ class _Peer:
 
     def _guard(self, loop) -> None:
         try:
+            dev = self.out_tp.device
+            if dev.type == "cuda":  # a new thread has no current device: the engine's staging needs its context
+                torch.cuda.set_device(dev)
             loop()
         except _Stop:
             pass
@@ -265,7 +275,7 @@ class _Peer:
             pending = None
             for i, at in enumerate(starts):
                 piece = t[at: at + per]
-                payload = self._encode(piece) if coded else _bytes(piece)
+                payload = self._encode(piece, op.sms) if coded else _bytes(piece)
                 frame = _frame(DATA, op.seq, op.tag, code_of(t.dtype), t.numel(), CODED_PLAN if coded else RAW,
                                at, piece.numel(), payload.numel(), op.group, last=i == len(starts) - 1)
                 nxt = self._out([frame, self._on_wire(payload)])
@@ -275,8 +285,8 @@ class _Peer:
                 op.wire += payload.numel()
             self.out_tp.wait(pending, op.deadline)
 
-    def _encode(self, piece: torch.Tensor) -> torch.Tensor:
-        buf = codec.compress(piece, max_sms=self.o.max_sms, trim=False)
+    def _encode(self, piece: torch.Tensor, sms: Optional[int]) -> torch.Tensor:
+        buf = codec.compress(piece, max_sms=sms, trim=False)
         n = int(codec.size_field(buf).cpu().view(torch.int64)[0])  # on a GPU: the size's read-back
         if not 0 < n <= buf.numel():
             raise RuntimeError(f"pz p2p: the codec wrote a {n}-byte stream size into a {buf.numel()}-byte buffer")
@@ -489,7 +499,7 @@ class _Peer:
             self._check_stream(payload, f, dst)
             src = payload if payload.device == dst.device else payload.to(dst.device)
             try:
-                codec.decompress(src, out=dst, max_sms=self.o.max_sms, check=True)
+                codec.decompress(src, out=dst, max_sms=op.sms, check=True)
             except codec.FormatError as e:
                 raise _BadStream(f"pz p2p: rank {self.peer} sent a corrupt stream: {e}") from None
 

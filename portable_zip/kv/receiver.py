@@ -178,7 +178,7 @@ class KVReceiver:
     # --- the stream thread ------------------------------------------------------
     def _run(self, src: int) -> None:
         ln = link.Link(self.comm, src, wire.TAG)
-        desc_t = torch.empty(wire.WORDS, dtype=torch.int64)
+        desc_t = torch.empty(wire.WORDS, dtype=torch.int64, device=self.comm.device)
         try:
             while True:
                 ln.recv(desc_t)

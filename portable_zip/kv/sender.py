@@ -87,7 +87,7 @@ class _Stream:
                     event.synchronize()  # the gather, queued on the caller's stream
                 if payload is not None:
                     desc.checksum = wire.signed(delta.checksum(payload))
-                t = desc.tensor()
+                t = desc.tensor().to(self.owner.comm.device)  # the Communicator moves its own device's tensors
                 if tamper is not None and payload is not None:
                     tamper(t, payload)
                 self.link.send(t)
