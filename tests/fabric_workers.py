@@ -181,12 +181,13 @@ def domains_disagree(rank, world):
 
 def fail_mid_exchange(rank, world):
     """An exchange that raises with later waves still posted (a corrupt first
-    stream) must cancel them before its buffers are freed: rank 1 raises,
-    keeps running, and allocates over the freed buffers without a crash."""
+    wave of a broadcast) must cancel them before its buffers are freed: rank 1
+    raises, keeps running, and allocates over the freed buffers without a
+    crash; its engine is closed after the abort, so its next collective raises."""
     from portable_zip.comm.pipeline import _Exchange
 
     comm = pz.Communicator(compress="always", transport="fabric", timeout=20)
-    n = 10 << 20  # three 20 MiB bf16 tensors: waves [0, 1] and [2]
+    n = 30 << 20  # 60 MiB of bf16: four pieces of <= 16 MiB, in waves [0, 1] and [2, 3]
     if rank == 0:
         good, calls = _Exchange._compress, []
 
@@ -201,28 +202,24 @@ def fail_mid_exchange(rank, world):
 
         _Exchange._compress = corrupt_first
         try:
-            for k in range(3):
-                comm.isend(data(3, 0, k, n, torch.bfloat16), 1)
-            comm._flush()
-            comm._drain()
+            comm.broadcast(data(3, 0, 0, n, torch.bfloat16), 0)
         except Exception:  # noqa: BLE001 - the sender may see the receiver's abort
             pass
         time.sleep(3)
         return "sent"
-    works = [comm.irecv(empty(n, dtype=torch.bfloat16), 0) for _ in range(3)]
+    t = empty(n, dtype=torch.bfloat16)
     try:
-        for w in works:
-            w.wait()
+        comm.broadcast(t, 0)
     except pz.PeerError as e:
         msg = str(e)
     else:
         raise AssertionError("a corrupt stream was accepted")
-    del works
-    junk = [torch.full((n,), 7, dtype=torch.bfloat16) for _ in range(6)]  # reuse the freed memory
+    del t
+    junk = [torch.full((n // 3,), 7, dtype=torch.bfloat16) for _ in range(6)]  # reuse the freed memory
     time.sleep(2.5)
     check(all(bool((j == 7).all()) for j in junk), "a cancelled receive wrote into freed memory")
     try:
-        comm.send(torch.ones(10), 0)
+        comm.broadcast(torch.ones(10), 0)
     except pz.PeerError as e:
         return msg, str(e)
     raise AssertionError("the engine kept running after an aborted exchange")

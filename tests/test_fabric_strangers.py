@@ -198,7 +198,7 @@ def stranger(rendezvous, sender, seconds):
     keys = [k for k in store.list_keys() if k.endswith("/fabric/0")]
     records = [store.get(k) for k in keys]
     addrs = [r[r.index(b"PZF1"):] for r in records]  # the address is plaintext, whatever precedes it
-    assert len(addrs) == len(MODES), keys
+    assert len(addrs) == 2 * len(MODES), keys  # each Communicator's engine and its point-to-point path's
     forged = [torch.full((n,), 1.5, dtype=torch.bfloat16) for n in SIZES]
     raw = [f.view(torch.uint8).clone() for f in forged] + [torch.full((64,), 7, dtype=torch.uint8)]
     streams = [pz.compress(f).view(torch.uint8).clone() for f in forged]

@@ -40,6 +40,13 @@ class Work:
                               "wait() again") from None
         return True
 
+    def start(self) -> "Work":
+        """Post now, without waiting: a point-to-point op goes out with the
+        ones posted before it, as one group (a later isend starts another)."""
+        if self._flush is not None:
+            self._flush(inline=False)
+        return self
+
     def is_completed(self) -> bool:
         return self._future.done()
 

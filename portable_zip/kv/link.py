@@ -33,6 +33,11 @@ class Link:
     def send(self, t: torch.Tensor) -> None:
         self._run(self.comm.isend, t)
 
+    def isend(self, t: torch.Tensor):
+        """Post a send and return its Work: t must stay unchanged until it is done."""
+        with self._lock:
+            return self.comm.isend(t, self.peer, tag=self.tag).start()  # its own group, as the receiver's are
+
     def recv(self, t: torch.Tensor) -> None:
         self._run(self.comm.irecv, t)
 

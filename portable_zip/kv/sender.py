@@ -20,6 +20,7 @@ from .layout import CODES, as_layer, as_layers, block_ids
 # taken and before the post (a corrupted or forged transfer).
 tamper = None
 _FINISHED_KEPT = 1 << 16  # finished ids remembered, to refuse a reuse
+WINDOW = 4  # items (a layer's descriptor and payload) a stream keeps in flight
 
 
 class SendHandle:
@@ -77,12 +78,20 @@ class _Stream:
             return self.items.popleft()
 
     def _run(self) -> None:
-        while True:
-            kind, req, desc, payload, event = self._next()
-            if req is not None and req.handle.error is not None:
-                self.owner._sent(req)  # failed or aborted meanwhile: its queued chunks are dropped
-                continue
-            try:
+        # Up to WINDOW items in flight: a layer's descriptor and payload go out
+        # back to back and the next layer's follow before their ACKs are in, so
+        # the stream pays the link's time, not a round trip per message.
+        window = collections.deque()
+        try:
+            while True:
+                with self.cv:
+                    idle = not self.items
+                while window and (idle or len(window) >= WINDOW):
+                    self._settle(window.popleft())
+                kind, req, desc, payload, event = self._next()
+                if req is not None and req.handle.error is not None:
+                    self.owner._sent(req)  # failed or aborted meanwhile: its queued chunks are dropped
+                    continue
                 if event is not None:
                     event.synchronize()  # the gather, queued on the caller's stream
                 if payload is not None:
@@ -90,20 +99,23 @@ class _Stream:
                 t = desc.tensor().to(self.owner.comm.device)  # the Communicator moves its own device's tensors
                 if tamper is not None and payload is not None:
                     tamper(t, payload)
-                self.link.send(t)
-                if payload is not None:
-                    self.link.send(payload)
-            except PeerError as e:
-                self.owner._broke(self, e)
-                return
-            except BaseException as e:  # noqa: BLE001 - a bug here fails the stream's requests, not silently
-                self.owner._broke(self, KVTransferError(f"KV stream to rank {self.dst} failed: "
-                                                        f"{type(e).__name__}: {e}"))
-                return
-            if kind == "bye":
-                return
-            if req is not None:
-                self.owner._sent(req)
+                works = [self.link.isend(t)] + ([self.link.isend(payload)] if payload is not None else [])
+                window.append((works, req))
+                if kind == "bye":
+                    while window:
+                        self._settle(window.popleft())
+                    return
+        except PeerError as e:
+            self.owner._broke(self, e)
+        except BaseException as e:  # noqa: BLE001 - a bug here fails the stream's requests, not silently
+            self.owner._broke(self, KVTransferError(f"KV stream to rank {self.dst} failed: {type(e).__name__}: {e}"))
+
+    def _settle(self, item) -> None:
+        works, req = item
+        for w in works:
+            w.wait()
+        if req is not None:
+            self.owner._sent(req)
 
 
 class KVSender:
