@@ -56,7 +56,7 @@ def describe(code: int, numel: int) -> str:
     return agree.describe(code, numel)
 
 
-@dataclass
+@dataclass(eq=False)  # by identity: ops sit in sets
 class _Op:
     kind: str                 # "send" | "recv"
     t: torch.Tensor           # flat view of the caller's tensor
@@ -189,7 +189,13 @@ class _Peer:
         self.send_seq = 0
         self.out_lock = threading.Lock()  # a message's frame and payload go out back to back
         self.stopped = False
-        self.landing: Optional[_Op] = None  # the receive the read thread is filling
+        self.landing: set = set()  # receives being filled (read thread, lander), not yet ACKed
+        dev = self.out_tp.device
+        # A receive posted while the read thread waits on the wire, for a message already staged, lands here:
+        # nothing else may come until it does (its sender waits for the ACK).
+        self.lander = concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix=f"pz-p2p-land-{peer}",
+            initializer=(lambda: torch.cuda.set_device(dev)) if dev.type == "cuda" else None)
         self.threads = [threading.Thread(target=self._guard, args=(fn,), daemon=True,
                                          name=f"pz-p2p-{what}-{peer}")
                         for fn, what in ((self._send_loop, "to"), (self._read_loop, "from"))]
@@ -202,12 +208,21 @@ class _Peer:
                 _settle(op.fut, self.broken)
                 return
             (self.sends if op.kind == "send" else self.recvs).append(op)
+            staged = self._staged_match() if op.kind == "recv" else None
             self.cv.notify_all()
+        if staged is not None:
+            self.lander.submit(self._guarded_land, *staged)
+
+    def _guarded_land(self, op: _Op, st: "_Staged") -> None:
+        try:
+            self._land_staged(op, st)
+        except BaseException as e:  # noqa: BLE001 - as on the read thread: the pair ends, every waiter raises
+            self._end(e)
 
     def outstanding(self) -> list:
         with self.cv:
             ops = [a if isinstance(a, _Op) else a.op for a in self.sends] + list(self.recvs) + \
-                list(self.unacked.values()) + [self.landing]
+                list(self.unacked.values()) + list(self.landing)
             return [op.fut for op in ops if op is not None]
 
     def stop(self, err: BaseException) -> None:
@@ -215,14 +230,15 @@ class _Peer:
             self.stopped = True
             self._fail_all(err)
             self.cv.notify_all()
+        self.lander.shutdown(wait=False, cancel_futures=True)
 
     def _fail_all(self, err: BaseException) -> None:
         """Every op still waiting with this peer fails with err; later ones too (the pair's FIFOs are lost)."""
         if self.broken is None:
             self.broken = err
         ops = [a if isinstance(a, _Op) else a.op for a in self.sends] + list(self.recvs) + \
-            list(self.unacked.values()) + [self.landing]
-        self.sends.clear(), self.recvs.clear(), self.unacked.clear()
+            list(self.unacked.values()) + list(self.landing)
+        self.sends.clear(), self.recvs.clear(), self.unacked.clear(), self.landing.clear()
         for op in ops:
             if op is not None and not op.fut.done():
                 op.fut.set_exception(err)
@@ -278,11 +294,11 @@ class _Peer:
                 payload = self._encode(piece, op.sms) if coded else _bytes(piece)
                 frame = _frame(DATA, op.seq, op.tag, code_of(t.dtype), t.numel(), CODED_PLAN if coded else RAW,
                                at, piece.numel(), payload.numel(), op.group, last=i == len(starts) - 1)
+                op.wire += payload.numel()  # before it leaves: the ACK (and the stats) may come at once
                 nxt = self._out([frame, self._on_wire(payload)])
                 if pending is not None:
                     self.out_tp.wait(pending, op.deadline)
                 pending = nxt
-                op.wire += payload.numel()
             self.out_tp.wait(pending, op.deadline)
 
     def _encode(self, piece: torch.Tensor, sms: Optional[int]) -> torch.Tensor:
@@ -313,6 +329,7 @@ class _Peer:
         frame = _frame(ACK, seq, 0, 0, 0, 0, 0, 0, 0, 0, status=status, their=(code, numel))
         with self.cv:
             self.sends.appendleft(_Ack(frame, deadline or Deadline(self.o.timeout), then, mine))
+            self.landing.discard(mine)
             self.cv.notify_all()
 
     # --- reading ---------------------------------------------------------------
@@ -394,7 +411,7 @@ class _Peer:
             op = None if self.staged.get(f[W_TAG]) else next((r for r in self.recvs if r.tag == f[W_TAG]), None)
             if op is not None:
                 self.recvs.remove(op)
-            self.landing = op
+                self.landing.add(op)
         if op is None:
             frames, payloads = self._take(f, deadline, into=None)
             with self.cv:
@@ -521,7 +538,7 @@ class _Peer:
             q = self.staged.get(op.tag)
             if q:
                 self.recvs.remove(op)
-                self.landing = op
+                self.landing.add(op)
                 return op, q.popleft()
         return None
 
