@@ -35,6 +35,7 @@ import torch
 from .. import codec
 from .._dtypes import CODE_TO_DTYPE, CODED, code_of
 from . import agree
+from .agree import describe
 from .deadline import Deadline
 from .errors import MismatchError, PeerError
 from .pieces import piece_elems
@@ -50,10 +51,6 @@ OK, BAD_DTYPE_OR_SIZE, CORRUPT, BAD_COUNT, BAD_VERSION = 0, 1, 2, 3, 4
 # Frame words.
 W_MAGIC, W_VERSION, W_KIND, W_SEQ, W_TAG, W_DTYPE, W_NUMEL, W_PLAN, W_AT, W_N, W_BYTES, W_GROUP, W_STATUS, \
     W_THEIR_DTYPE, W_THEIR_NUMEL, W_LAST = range(FRAME_WORDS)
-
-
-def describe(code: int, numel: int) -> str:
-    return agree.describe(code, numel)
 
 
 @dataclass(eq=False)  # by identity: ops sit in sets
@@ -487,7 +484,7 @@ class _Peer:
         ok = (dtype is not None and f[W_SEQ] == first[W_SEQ] and numel == first[W_NUMEL] and 0 <= at
               and 0 <= n and at + n <= numel and f[W_PLAN] in (RAW, CODED_PLAN) and (at > 0 or f is first))
         if ok:
-            itemsize = torch.empty(0, dtype=dtype).element_size()
+            itemsize = dtype.itemsize
             ok = nbytes == n * itemsize if f[W_PLAN] == RAW else 0 < nbytes <= codec.max_compressed_size(n, dtype)
         if not ok:
             raise PeerError(f"pz p2p: rank {self.peer} announced a malformed message piece "
