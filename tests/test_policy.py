@@ -38,6 +38,18 @@ def test_small_messages_stay_native(op):
     assert policy(link_gbps=5, codec_gbps=1000, latency_us=50).choose(op, BF16, 4096, 4) == "native"
 
 
+@pytest.mark.parametrize("latency_us", [10.0, 1e3, 5e3])
+def test_p2p_decision_does_not_hang_on_latency(latency_us):
+    # A point-to-point message pays one latency round raw or coded (its frame
+    # travels with the payload): a loaded host's slow handshake must not turn
+    # a clear win into raw. 100 KB at 50 Mbit/s: 16 ms raw, ~11 ms coded.
+    p = policy(link_gbps=0.05, codec_gbps=50, latency_us=latency_us)
+    p.cal.native = {"send": (latency_us * 1e-6, p.cal.beta)}
+    assert p.choose("send", BF16, 100_000, 3) == "compressed"
+    p.cal.per_rank = [({BF16: 1e-9 / 50}, {BF16: 1e-9 / 50})] * 2
+    assert p.pair_pays(BF16, 100_000, 0, 1, p2p=True)
+
+
 def test_measured_native_collective_wins_over_p2p_model():
     # NCCL's all_gather measured twice as fast as p2p suggests: compression must
     # beat that, not the p2p estimate.

@@ -64,7 +64,7 @@ class Plans:
         if self.mixed:
             if not self.cross(peer) or self.mode == "never":
                 return "raw"
-            pays = self.mode == "always" or any(self.policy.pair_pays(dtype, n, self.rank, peer)
+            pays = self.mode == "always" or any(self.policy.pair_pays(dtype, n, self.rank, peer, p2p=True)
                                                  for dtype, n in total.items())
             return "compressed" if pays else "raw"
         plans = {self.op("send", dtype, n) for dtype, n in total.items()} or {"native"}

@@ -76,11 +76,12 @@ class Policy:
         r = self.ratio.get(dtype, 1.0)
         cc, cd = c.compress.get(dtype, 0.0), c.decompress.get(dtype, 0.0)
         w1 = max(world - 1, 1)
-        # Latency rounds of the compressed plans: p2p swaps control messages,
-        # collectives a spec (then derive the control messages); then fixed
-        # parts and tails. all_reduce's second phase needs no new spec.
+        # Latency rounds of the compressed plans: collectives swap a spec
+        # (then derive the control messages), fixed parts and tails;
+        # all_reduce's second phase needs no new spec. Point to point has
+        # one, as raw does: its frame travels with the payload.
         k = self.costs
-        p2p_rounds, coll_rounds, second_phase_rounds = k.p2p_rounds, k.coll_rounds, k.second_phase_rounds
+        coll_rounds, second_phase_rounds = k.coll_rounds, k.second_phase_rounds
 
         def piped(n, compress, wire, decompress, rounds):
             # Large transfers move as pieces: compress, wire and decompress
@@ -94,7 +95,7 @@ class Policy:
 
         if op in ("send", "recv"):
             na, nb = c.native.get("send", (a, b))
-            return na + nbytes * nb, piped(nbytes, nbytes * cc, r * nbytes * nb, nbytes * cd, p2p_rounds)
+            return na + nbytes * nb, piped(nbytes, nbytes * cc, r * nbytes * nb, nbytes * cd, 1)
         if op == "broadcast":
             return (a * w1.bit_length() + nbytes * b,
                     piped(nbytes, nbytes * cc, w1 * r * nbytes * b, nbytes * cd, coll_rounds))
@@ -114,10 +115,12 @@ class Policy:
                                                              second_phase_rounds)
         raise ValueError(f"unknown op {op}")
 
-    def pair_pays(self, dtype: torch.dtype, nbytes: int, i: int, j: int) -> bool:
+    def pair_pays(self, dtype: torch.dtype, nbytes: int, i: int, j: int, p2p: bool = False) -> bool:
         """Whether compressing nbytes between ranks i and j beats sending them
         raw on the agreed link, with the slower end's codec at each stage.
-        Symmetric in (i, j) and read from agreed figures, so both ends agree."""
+        Symmetric in (i, j) and read from agreed figures, so both ends agree.
+        A point-to-point message pays one latency round, raw or coded; a
+        collective's pair, its rounds."""
         c = self.cal
         if dtype not in CODED or nbytes == 0 or c is None or not c.per_rank:
             return False
@@ -127,7 +130,8 @@ class Policy:
         raw = c.alpha + nbytes * c.beta
         piece = max(piece_bytes(int(nbytes)), 1)
         stages = (nbytes * cc, r * nbytes * c.beta, nbytes * cd)
-        coded = (max(stages) + piece / nbytes * (sum(stages) - max(stages)) + self.costs.p2p_rounds * c.alpha
+        rounds = 1 if p2p else self.costs.coll_rounds
+        coded = (max(stages) + piece / nbytes * (sum(stages) - max(stages)) + rounds * c.alpha
                  + self.costs.host_exchange_s)
         return coded < raw * (1 - self.margin)
 

@@ -26,11 +26,12 @@ Op = Tuple[str, torch.Tensor, int]  # (kind, contiguous tensor, peer rank in the
 @dataclass(frozen=True)
 class TransportCosts:
     """What a compressed exchange costs beyond its bytes (the policy reads
-    it): latency rounds of p2p, of a collective's first phase and of
-    all_reduce's second, and host time per exchange and per wave. Host time
+    it): latency rounds of a collective's first phase and of all_reduce's
+    second, and host time per exchange and per wave. Point to point has no
+    round of its own: a message's frame travels with its payload, raw or
+    coded alike (comm/p2p.py). Host time
     from PZ_TRACE timelines on H200 (docs/COMM.md); alpha, measured with the
     same post-and-wait, already holds most of it."""
-    p2p_rounds: int = 3         # control, fixed parts, tails
     coll_rounds: int = 3        # spec, fixed parts, tails
     second_phase_rounds: int = 2
     host_exchange_s: float = 200e-6

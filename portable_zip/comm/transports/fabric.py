@@ -27,7 +27,7 @@ _KIND = {SEND: 0, RECV: 1, SEND_SIZED: 2, RECV_SIZED: 3}  # the engine's op code
 # d0bda34): the header read-back, the staging of the sized message's first
 # chunk, and the stream's fewer chunks filling the rails less. With 0.9 ms
 # auto compressed 32 MiB sends at 0.93x of raw.
-FABRIC_COSTS = TransportCosts(p2p_rounds=2, coll_rounds=2, second_phase_rounds=1, host_exchange_s=2e-3)
+FABRIC_COSTS = TransportCosts(coll_rounds=2, second_phase_rounds=1, host_exchange_s=2e-3)
 
 
 def available() -> str:
