@@ -34,6 +34,44 @@ def tags_match_per_tag(rank, world, seed, mode):
     return comm.stats["recv"]["plans"]
 
 
+def announced_size(rank, world, seed, mode):
+    """recv_tensor: a new tensor of the dtype and size the sender announces,
+    for every dtype, in pieces (PZ_PIECE_BYTES), staged (sent before the
+    receive is posted) or not; a message over max_bytes is refused on both
+    ranks and the pair goes on."""
+    comm = pz.Communicator(compress=mode, timeout=30)
+    kinds = [(torch.bfloat16, 300_001), (torch.float16, 7), (torch.float32, 65_537), (torch.uint8, 12_345),
+             (torch.float8_e4m3fn, 100_003), (torch.int64, 0)]
+    if rank == 0:
+        works = [comm.isend(data(seed, 0, k, n, dt), 1, tag=k % 2).start() for k, (dt, n) in enumerate(kinds)]
+        for w in works:
+            w.wait()
+        try:
+            comm.send(data(seed, 0, 99, 1000, torch.bfloat16), 1, tag=3)
+            refused = "no error"
+        except pz.MismatchError as e:
+            refused = str(e)
+        comm.send(data(seed, 0, 100, 5, torch.float16), 1, tag=3)  # the pair goes on
+        return refused
+    # Tag 1 first: each tag-0 message ahead of it is read and staged, then taken from staging.
+    got = {}
+    for k in (1, 0, 3, 2, 5, 4):
+        got[k] = comm.recv_tensor(0, tag=k % 2)
+    for k, (dt, n) in enumerate(kinds):
+        t = got[k]
+        check(t.dtype == dt and t.shape == (n,) and t.device == comm.device, f"{k}: {t.dtype} {tuple(t.shape)}")
+        check(same(t, data(seed, 0, k, n, dt)), f"message {k} ({dt}) differs")
+    try:
+        comm.recv_tensor(0, tag=3, max_bytes=1999)
+        refused = "no error"
+    except pz.MismatchError as e:
+        refused = str(e)
+    work = comm.irecv_tensor(0, tag=3, max_bytes=10)
+    last = work.result()
+    check(same(last, data(seed, 0, 100, 5, torch.float16)), "the message after a refused one differs")
+    return refused
+
+
 def mismatch_in_mode(rank, world, mode, case, via):
     """A receive whose size or dtype differs from the send raises MismatchError on both ranks, in every mode
     (issue: under "never" a 200,000-element bf16 send into 200,001 elements or fp16 used to return)."""

@@ -19,6 +19,15 @@ def test_tags_match_per_tag_in_posting_order(mode):
     assert res[1] == ({"raw": 4} if mode == "never" else {"compressed": 4}), res
 
 
+@pytest.mark.parametrize("mode", ["never", "always"])
+def test_a_receive_of_announced_size(mode):
+    res = ok(comm_harness.run(2, p2p_workers.announced_size, seed(), mode, deadline=120,
+                              env={"PZ_PIECE_BYTES": "131072"}))
+    for r in (0, 1):
+        assert "mismatch" in res[r] or "more than" in res[r], (r, res[r])
+    assert "bfloat16[1000]" in res[1] and "1999 bytes" in res[1], res[1]
+
+
 @pytest.mark.parametrize("via", ["communicator", "backend"])
 @pytest.mark.parametrize("mode,case", [("never", "size"), ("never", "dtype"), ("auto", "size"), ("always", "dtype")])
 def test_mismatch_raises_on_both_ranks_in_every_mode(via, mode, case):

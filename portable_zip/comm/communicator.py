@@ -9,6 +9,7 @@ import math
 import numbers
 import threading
 import time
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -462,6 +463,24 @@ class Communicator:
         self._peer(src)
         return self._post_p2p("recv", t, src, tag)
 
+    @exclusive
+    def recv_tensor(self, src: int, tag: int = 0, *, max_bytes: Optional[int] = None) -> torch.Tensor:
+        """Receive a message into a new flat tensor of the dtype and element
+        count its sender announces (every message carries both), on this
+        Communicator's device: for payloads whose size only the sender knows
+        (a delta stream, a coded blob). A message over max_bytes is refused:
+        MismatchError on both ranks, the pair goes on."""
+        return self.irecv_tensor(src, tag, max_bytes=max_bytes).result()
+
+    @exclusive
+    def irecv_tensor(self, src: int, tag: int = 0, *, max_bytes: Optional[int] = None) -> Work:
+        """recv_tensor, posted: Work.result() waits and returns the tensor."""
+        if max_bytes is not None and (isinstance(max_bytes, bool) or not isinstance(max_bytes, numbers.Integral)
+                                      or max_bytes < 0):
+            raise ValueError(f"max_bytes must be None or an int >= 0, got {max_bytes!r}")
+        self._peer(src)
+        return self._post_p2p("recv", _Announced(None if max_bytes is None else int(max_bytes)), src, tag)
+
     def _post_p2p(self, kind, t, peer, tag) -> Work:
         if isinstance(tag, bool) or not isinstance(tag, numbers.Integral) or not 0 <= tag < 1 << 62:
             raise ValueError(f"tag must be an int >= 0, got {tag!r}")
@@ -482,9 +501,13 @@ class Communicator:
         for kind, _t, peer, tag, _f, _b in pending:
             counts[kind, peer, tag] = counts.get((kind, peer, tag), 0) + 1
         for kind, t, peer, tag, fut, sms in pending:
-            post = self._p2p.isend if kind == "send" else self._p2p.irecv
+            group = counts[kind, peer, tag]
             try:
-                inner = post(t, peer, tag, group=counts[kind, peer, tag], max_sms=sms or None)
+                if isinstance(t, _Announced):
+                    inner = self._p2p.irecv_new(self.device, peer, tag, group, sms or None, t.max_bytes)
+                else:
+                    post = self._p2p.isend if kind == "send" else self._p2p.irecv
+                    inner = post(t, peer, tag, group=group, max_sms=sms or None)
             except BaseException as e:  # noqa: BLE001 - a closed path: the op's Work raises it
                 fut.set_exception(e)
                 continue
@@ -531,7 +554,13 @@ def _settle(fut: concurrent.futures.Future, inner: concurrent.futures.Future) ->
     if e is not None:
         fut.set_exception(e)
     else:
-        fut.set_result(None)
+        fut.set_result(inner.result())
+
+
+@dataclass(frozen=True)
+class _Announced:
+    """A pending receive whose tensor the sender's frame sizes (recv_tensor)."""
+    max_bytes: Optional[int]
 
 
 def _given(arg, setting):

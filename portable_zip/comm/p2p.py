@@ -56,7 +56,7 @@ W_MAGIC, W_VERSION, W_KIND, W_SEQ, W_TAG, W_DTYPE, W_NUMEL, W_PLAN, W_AT, W_N, W
 @dataclass(eq=False)  # by identity: ops sit in sets
 class _Op:
     kind: str                 # "send" | "recv"
-    t: torch.Tensor           # flat view of the caller's tensor
+    t: Optional[torch.Tensor]  # flat view of the caller's tensor (None: a receive of announced size, until matched)
     peer: int
     tag: int
     group: int                # sends: this op's group's sends to peer (0: ungrouped); recvs: its group's recvs
@@ -68,6 +68,7 @@ class _Op:
     wire: int = 0
     plan: str = "raw"
     sms: Optional[int] = None        # the SM budget of its codec launches (None: every SM)
+    new: Optional[tuple] = None      # a receive of announced size: (device, most bytes it takes or None)
 
 
 @dataclass
@@ -128,14 +129,23 @@ class PointToPoint:
 
     def irecv(self, t: torch.Tensor, peer: int, tag: int = 0, group: int = 0,
               max_sms: Optional[int] = None) -> concurrent.futures.Future:
+        if not t.is_contiguous():
+            raise ValueError("pz p2p: recv needs a contiguous tensor")
         return self._post("recv", t, peer, tag, group, max_sms)
 
-    def _post(self, kind, t, peer, tag, group, max_sms) -> concurrent.futures.Future:
-        if not t.is_contiguous():
+    def irecv_new(self, device: torch.device, peer: int, tag: int = 0, group: int = 0,
+                  max_sms: Optional[int] = None, max_bytes: Optional[int] = None) -> concurrent.futures.Future:
+        """A receive into a new flat tensor of the dtype and size the sender's frame announces, on device;
+        its future's result is that tensor. A message over max_bytes is refused (MismatchError on both)."""
+        return self._post("recv", None, peer, tag, group, max_sms, new=(torch.device(device), max_bytes))
+
+    def _post(self, kind, t, peer, tag, group, max_sms, new=None) -> concurrent.futures.Future:
+        if t is not None and not t.is_contiguous():
             raise ValueError(f"pz p2p: {kind} needs a contiguous tensor")
-        op = _Op(kind, t.reshape(-1), peer, int(tag), group, Deadline(self.timeout),
-                 stream=torch.cuda.current_stream(t.device) if t.is_cuda else None,
-                 sms=max_sms or self.max_sms)
+        dev = new[0] if new is not None else t.device
+        op = _Op(kind, None if t is None else t.reshape(-1), peer, int(tag), group, Deadline(self.timeout),
+                 stream=torch.cuda.current_stream(dev) if dev.type == "cuda" else None,
+                 sms=max_sms or self.max_sms, new=new)
         self._peer(peer).add(op)
         return op.fut
 
@@ -322,7 +332,7 @@ class _Peer:
         (gloo's send completes once the peer reads it, and the peer's read thread may be acking too).
         then runs once the peer has it: a receive completes only when its sender has heard, so a rank
         that exits right after its recv never leaves the sender without its ACK."""
-        code, numel = (code_of(mine.t.dtype), mine.t.numel()) if mine is not None else (0, 0)
+        code, numel = (code_of(mine.t.dtype), mine.t.numel()) if mine is not None and mine.t is not None else (0, 0)
         frame = _frame(ACK, seq, 0, 0, 0, 0, 0, 0, 0, 0, status=status, their=(code, numel))
         with self.cv:
             self.sends.appendleft(_Ack(frame, deadline or Deadline(self.o.timeout), then, mine))
@@ -427,10 +437,23 @@ class _Peer:
         self._done(op, f)
 
     def _mismatch(self, f: list, op: _Op):
-        t = op.t
+        """Why op cannot take message f, as (status, error); None where it can (a receive of announced
+        size gets its tensor here)."""
         if op.group and f[W_GROUP] and op.group != f[W_GROUP]:
             return BAD_COUNT, MismatchError(f"pz p2p: rank {self.peer} sends {f[W_GROUP]} tensors but rank "
                                             f"{self.o.rank} expects {op.group} in its group")
+        if op.t is None:
+            device, most = op.new
+            dtype = CODE_TO_DTYPE.get(f[W_DTYPE])
+            if dtype is None or f[W_NUMEL] < 0:
+                return None  # a malformed frame: the piece check ends the pair
+            if most is not None and f[W_NUMEL] * dtype.itemsize > most:
+                return BAD_DTYPE_OR_SIZE, MismatchError(
+                    f"pz p2p: rank {self.peer} sends {describe(f[W_DTYPE], f[W_NUMEL])}, more than the {most} "
+                    f"bytes rank {self.o.rank}'s receive takes (tag {op.tag})")
+            op.t = torch.empty(f[W_NUMEL], dtype=dtype, device=device)
+            return None
+        t = op.t
         if f[W_DTYPE] != code_of(t.dtype) or f[W_NUMEL] != t.numel():
             return BAD_DTYPE_OR_SIZE, MismatchError(
                 f"pz p2p: send/recv mismatch: rank {self.peer} sends {describe(f[W_DTYPE], f[W_NUMEL])}, "
@@ -449,7 +472,7 @@ class _Peer:
 
         def then():
             self.o.stats.record("recv", plan, op.t0, 0, 0)
-            _settle(op.fut, None)
+            _settle(op.fut, None, op.t if op.new is not None else None)
         self._ack(f[W_SEQ], OK, op, op.deadline, then)
 
     def _take(self, f: list, deadline: Deadline, into: Optional[_Op]):
@@ -554,12 +577,12 @@ class _Peer:
         self._done(op, f)
 
 
-def _settle(fut: concurrent.futures.Future, err: Optional[BaseException]) -> None:
+def _settle(fut: concurrent.futures.Future, err: Optional[BaseException], value=None) -> None:
     """fut's outcome unless it has one (a failure of the pair may have come first)."""
     if fut.done():
         return
     if err is None:
-        fut.set_result(None)
+        fut.set_result(value)
     else:
         fut.set_exception(err)
 

@@ -51,6 +51,8 @@ class Work:
         return self._future.done()
 
     def result(self):
+        """wait(), then the op's value (recv_tensor's tensor; None for the rest)."""
+        self.wait()
         return self._future.result()
 
 

@@ -2,8 +2,9 @@
 
 A round is one or more parts. Each part: every rank of the Communicator
 swaps a manifest (wire.gather), every rank plans the part alike
-(plan.plan_part), then per bucket: headers (kind, bytes, checksum per chunk),
-payloads (delta streams or full rows, through the Communicator's codec),
+(plan.plan_part), then per bucket one group of messages: each peer's target
+checksums, then the payloads (delta streams or full rows, through the
+Communicator's codec; each message carries its own dtype and size),
 apply and verify, and a status swap; chunks that failed travel full again in
 the same bucket (a repair), and a repair that fails raises FormatError on
 every rank."""
@@ -18,7 +19,6 @@ from typing import Callable, Iterable, Optional, Union
 
 import torch
 
-from ..comm.errors import MismatchError
 from . import plan as P
 from . import wire
 
@@ -152,42 +152,33 @@ class _Engine:
         comm, rank, chunks = self.comm, self.comm.rank, part.chunks
         out = self._outgoing(part, ids)
         inc = [chunks[i] for i in ids if chunks[i].dst == rank]
-        # 1. headers: [kind, payload bytes, target checksum] per chunk
-        payloads, heads = [], {}
+        # 1. payloads, with each peer's target checksums first, as one group: every message carries its
+        # dtype and size (comm's point-to-point frame), so a delta stream lands in a tensor of its
+        # announced size and no header round goes ahead of the bytes.
+        sums, got = {}, {}
         for c in out:
-            pay, kind, cs = made[(c.name, c.g0, c.g1, c.delta)]
-            payloads.append((c, pay))
-            heads.setdefault(c.dst, []).extend([kind, pay.numel() * pay.element_size(), cs])
-        got = {}
+            sums.setdefault(c.dst, []).append(made[(c.name, c.g0, c.g1, c.delta)][2])
         for c in inc:
             got.setdefault(c.src, []).append(c)
-        works = [comm.isend(torch.tensor(h, dtype=torch.int64, device=comm.device), d) for d, h in heads.items()]
-        bufs = {s: torch.empty(3 * len(cs), dtype=torch.int64, device=comm.device) for s, cs in got.items()}
+        works = [comm.isend(torch.tensor(v, dtype=torch.int64, device=comm.device), d) for d, v in sums.items()]
+        bufs = {s: torch.empty(len(cs), dtype=torch.int64, device=comm.device) for s, cs in got.items()}
         works += [comm.irecv(b, s) for s, b in bufs.items()]
-        for w in works:
-            w.wait()
-        head = {}
-        for s, cs in got.items():
-            vals = bufs[s].tolist()
-            for k, c in enumerate(cs):
-                head[c.id] = vals[3 * k:3 * k + 3]
-        # 2. payloads, in chunk order per peer
-        works = [comm.isend(pay, c.dst) for c, pay in payloads]
+        payloads = [(c, made[(c.name, c.g0, c.g1, c.delta)][0]) for c in out]
+        works += [comm.isend(pay, c.dst) for c, pay in payloads]
         st["sent_bytes"] += sum(p.numel() * p.element_size() for _, p in payloads)
-        recvs = []
-        for c in inc:
-            kind, nbytes, _ = head[c.id]
-            buf = (torch.empty(nbytes, dtype=torch.uint8, device=comm.device) if kind == DELTA
-                   else self._landing(part, c))
-            recvs.append((c, buf))
-            st["received_bytes"] += nbytes
-            works.append(comm.irecv(buf, c.src))
+        landing = [(c, comm.irecv_tensor(c.src, max_bytes=self._most(part, c)) if c.delta
+                    else self._landing(part, c)) for c in inc]
+        works += [b if c.delta else comm.irecv(b, c.src) for c, b in landing]
         for w in works:
             w.wait()
-        # 3. apply and verify
+        recvs = [(c, b.result() if c.delta else b) for c, b in landing]
+        want = {c.id: cs for s, cs_of in got.items() for c, cs in zip(cs_of, bufs[s].tolist())}
+        head = {c.id: [DELTA if c.delta else FULL, buf.nbytes, want[c.id]] for c, buf in recvs}
+        st["received_bytes"] += sum(buf.nbytes for _, buf in recvs)
+        # 2. apply and verify
         failed = [[c.id, why] for c, buf in recvs for why in [self._land(part, c, buf, head[c.id])] if why]
         st["raw_bytes"] += sum(P.chunk_bytes(c, part.meta) for c in out + inc)  # a rank sends or receives
-        # 4. status: every rank learns which chunks failed; those travel full again now
+        # 3. status: every rank learns which chunks failed; those travel full again now
         fails = [f for r in wire.gather(comm, failed) for f in r]
         if not fails:
             return self._landed(part, inc)
@@ -212,6 +203,12 @@ class _Engine:
                                    f"resend, e.g. {chunks[i].name!r} rows [{chunks[i].g0}, {chunks[i].g1}) on "
                                    f"rank {chunks[i].dst}: {why}")
         self._landed(part, inc)
+
+    @staticmethod
+    def _most(part: P.Part, c) -> int:
+        """The largest delta stream chunk c's rows can take (what its receive accepts)."""
+        dtype = P.dtype_of(part.meta[c.name][0])
+        return wire.delta_codec().max_encoded_size(P.chunk_bytes(c, part.meta) // dtype.itemsize, dtype)
 
     # Role hooks: the sender's and the receiver's sides of a bucket.
     def _begin(self, part): pass
