@@ -32,8 +32,23 @@ import sys
 import time
 
 # What round 1 refuses: a receive buffer's dtype, a name sent twice, shared
-# receive buffers (all before any byte moves), a name no sender sent (at the round's end).
-CASES = ("dtype", "twice", "overlap", "extra")
+# receive buffers (all before any byte moves), a name no sender sent (at the
+# round's end). "native": no weight sync; three native all_gathers of
+# temporaries under auto, then exit (the shortest path to the no-close abort).
+CASES = ("dtype", "twice", "overlap", "extra", "native")
+
+
+def native_main(comm, rank: int, world: int) -> None:
+    import torch
+
+    def op():
+        out = torch.empty(world * 64, dtype=torch.int64)
+        comm.all_gather_single(out, torch.full((64,), rank, dtype=torch.int64))
+        return out.tolist()
+    for _ in range(3):
+        if op() != [r for r in range(world) for _ in range(64)]:
+            raise AssertionError("all_gather_single returned wrong data")
+    print("RESULT returned 0.00", flush=True)
 
 
 def rank_main(rank: int, world: int, port: int, case: str, close: bool, compress: str) -> None:
@@ -49,6 +64,8 @@ def rank_main(rank: int, world: int, port: int, case: str, close: bool, compress
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=60))
     comm = pz.Communicator(compress=compress, timeout=20)
+    if case == "native":
+        return native_main(comm, rank, world)
     g = torch.Generator().manual_seed(port)  # fresh data per run, the same on every rank
     w0 = torch.randn(256, 64, generator=g).to(torch.bfloat16)
     w1 = (w0.float() + 1e-3 * torch.randn(256, 64, generator=g)).to(torch.bfloat16)  # a delta round
@@ -110,7 +127,8 @@ def one_run(world: int, case: str, close: bool, compress: str, timeout: float = 
         res = next((ln.split(" ", 1)[1] for ln in so.splitlines() if ln.startswith("RESULT ")), "")
         out.append({"rc": p.returncode, "result": res, "abort": "terminate called" in se or p.returncode == -6,
                     "stderr": se[-300:]})
-    return {"ranks": out, "clean": all(r["rc"] == 0 and r["result"].startswith("MismatchError") and not r["abort"]
+    want = "returned" if case == "native" else "MismatchError"
+    return {"ranks": out, "clean": all(r["rc"] == 0 and r["result"].startswith(want) and not r["abort"]
                                        for r in out)}
 
 

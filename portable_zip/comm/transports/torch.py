@@ -2,6 +2,8 @@
 (torch's "nccl" backend), gloo on CPU."""
 from __future__ import annotations
 
+import collections
+import ctypes
 import datetime
 import queue
 import threading
@@ -20,6 +22,23 @@ _NCCL_MOVES = frozenset((torch.bfloat16, torch.float16, torch.float32, torch.flo
 _MOVES = {"nccl": _NCCL_MOVES, "gloo": _NCCL_MOVES | {torch.bool}}
 _NOTHING: frozenset = frozenset()
 SLICE_S = 0.25  # a wait checks the liveness watch this often
+
+
+# The latest gloo collectives' works, held past their wait. gloo's worker
+# thread drops its own reference to a finished Work just after it wakes the
+# waiter; were ours gone first, that drop would free the op's tensors on the
+# worker and retake the GIL, which once Python is exiting ends the thread in
+# std::terminate (a Communicator left open, issue 36). Held here, the
+# worker's drop is never the last; ours is, at a later append, on a thread
+# that holds the GIL. The deque itself is never freed (one reference more):
+# what it holds at exit is left to the OS, not to finalization.
+_HELD: collections.deque = collections.deque(maxlen=4)
+ctypes.pythonapi.Py_IncRef(ctypes.py_object(_HELD))
+
+
+def _hold(works) -> None:
+    if not isinstance(works, Posted):  # send/recv works: gloo's worker never holds them
+        _HELD.append(works)
 
 
 class Posted(list):
@@ -146,6 +165,9 @@ class TorchDistTransport(Transport):
         except PeerError as e:
             self._broken = self._broken or e
             raise
+        finally:
+            if self._gloo:
+                _hold(works)
 
     def _wait_watched(self, works: List[object], deadline: Deadline) -> None:
         watch = self.watch
@@ -249,6 +271,7 @@ class TorchDistTransport(Transport):
         watch = self.watch
         if not self._gloo:
             return self.wait(works, deadline)
+        _hold(works)
         try:
             if watch is None:
                 return self._wait_aside(works, deadline, None)
