@@ -14,6 +14,9 @@ shapes: 32 layers, 8 KV heads of 128, 16-token blocks.
         posts layer l after computing it (a sleep of one layer's raw wire
         time), and the decode side notes when the last layer lands after the
         last layer was computed (both clocks are this host's monotonic one).
+        --decodes 3: one prefill host to three decode hosts (P1D3), each
+        decode its own request at once; a run's time is the slowest
+        decode's, against the prefill link's limit for all their bytes.
 """
 import argparse
 import json
@@ -69,7 +72,8 @@ def paged(tokens, data, dtype, device):
 
 
 def link_worker(spec: str) -> None:
-    """One rank on the shaped link: rank 0 the prefill (KVSender), rank 1 the decode (KVReceiver)."""
+    """One rank on the shaped link: rank 0 the prefill (KVSender), ranks 1.. the decodes (KVReceiver),
+    each its own request."""
     from datetime import timedelta
 
     import portable_zip as pz
@@ -89,25 +93,27 @@ def link_worker(spec: str) -> None:
         blocks = kv[0].shape[1]
         g = torch.Generator().manual_seed(tokens)
         ids = {0: torch.randperm(blocks, generator=g).tolist(), 1: torch.randperm(blocks + 7, generator=g)[:blocks].tolist()}
+        decodes = list(range(1, dist.get_world_size()))
         mine = kv if rank == 0 else [torch.empty(2, blocks + 7, *t.shape[2:], dtype=t.dtype, device=device) for t in kv]
         layers = [KVLayer(kv=t) for t in mine]
         for mode in a["modes"]:
             comm = pz.Communicator(compress=mode, transport=transport, device=device, timeout=900)
-            side = KVSender(comm, [1]) if rank == 0 else KVReceiver(comm, [0])
+            side = KVSender(comm, decodes) if rank == 0 else KVReceiver(comm, [0])
             times = []
             for rep in range(a["reps"] + 1):  # the first one warms up (and auto's policy sees the link)
                 rid = f"t{tokens}-{mode}-{rep}"
                 dist.barrier()
                 t0 = time.perf_counter()
                 if rank == 0:
-                    side.send(rid, 1, layers, ids[0]).wait()
+                    for h in [side.send(f"{rid}-{d}", d, layers, ids[0]) for d in decodes]:
+                        h.wait()
                 else:
-                    side.recv(rid, 0, layers, ids[1]).wait()
+                    side.recv(f"{rid}-{rank}", 0, layers, ids[1]).wait()
                     if device.type == "cuda":
                         torch.cuda.synchronize()
                 if rep:
                     times.append(time.perf_counter() - t0)
-            if rank == 1:  # the decode's blocks equal the prefill's, bit for bit
+            if rank:  # the decode's blocks equal the prefill's, bit for bit
                 want = paged(tokens, a["data"], a["dtype"], device)
                 for t, w in zip(mine, want):
                     if not torch.equal(t[:, ids[1]].view(torch.uint8), w[:, ids[0]].view(torch.uint8)):
@@ -115,7 +121,7 @@ def link_worker(spec: str) -> None:
             row = {"tokens": tokens, "mode": mode, "bytes": nbytes, "seconds": statistics.median(times),
                    "seconds_all": times, "plans": {op: dict(st["plans"]) for op, st in comm.stats.items()
                                                    if op in ("send", "recv")}}
-            if a["pipelined"] and tokens == max(a["tokens"]):
+            if a["pipelined"] and tokens == max(a["tokens"]) and len(decodes) == 1:
                 row["pipelined"] = pipelined(rank, side, layers, ids, a["layer_s"].get(str(tokens), 0.0), mode)
             side.close()
             comm.close()
@@ -161,11 +167,16 @@ def netns_main(a) -> None:
     spec = json.dumps({"tokens": tokens, "modes": a.modes.split(","), "reps": a.reps, "device": a.device,
                        "data": a.data, "dtype": a.dtype, "pipelined": not a.no_pipeline, "layer_s": layer_s})
     desc, limit, ranks = on_link(a.gbit, [sys.executable, "-P", os.path.abspath(__file__), "--link-worker", spec],
-                                 timeout=3000)
+                                 hosts=1 + a.decodes, timeout=3000)
     rows = {(r["tokens"], r["mode"]): r for r in ranks[1]["result"]["rows"]}
+    for (tokens, mode), r in rows.items():  # a run ends when its slowest decode has every layer
+        per = [next(x for x in rk["result"]["rows"] if (x["tokens"], x["mode"]) == (tokens, mode))["seconds_all"]
+               for rk in ranks[1:]]
+        r["seconds_all"] = [max(t) for t in zip(*per)]
+        r["seconds"] = statistics.median(r["seconds_all"])
     table = []
     for (tokens, mode), r in sorted(rows.items()):
-        limit_s = 8 * r["bytes"] / (limit["gbit"] * 1e9)
+        limit_s = 8 * a.decodes * r["bytes"] / (limit["gbit"] * 1e9)  # every decode's bytes leave the prefill's link
         raw = rows.get((tokens, "never"))
         line = {"tokens": tokens, "mode": mode, "MiB": r["bytes"] / 2**20, "seconds": r["seconds"],
                 "x_vs_never": raw["seconds"] / r["seconds"] if raw else None, "x_vs_link_limit": limit_s / r["seconds"],
@@ -177,7 +188,8 @@ def netns_main(a) -> None:
             line["pipelined"] = {"last_layer_after_compute_s": landed[-1] - end, "one_layer_transfer_s": one_layer,
                                  "within_one_layer": landed[-1] - end <= one_layer}
         table.append(line)
-    res = {"link": desc, "limit": limit, "device": a.device, "data": a.data, "dtype": a.dtype, "rows": table,
+    res = {"link": desc, "limit": limit, "device": a.device, "data": a.data, "dtype": a.dtype, "decodes": a.decodes,
+           "rows": table,
            "shape": {"layers": LAYERS, "kv_heads": KV_HEADS, "head_dim": HEAD_DIM, "block": BLOCK}}
     report(res, a.json)
 
@@ -192,6 +204,8 @@ def main():
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp8_e4m3", "fp8_e5m2"], help="--link netns, real data")
     p.add_argument("--modes", default="never,always,auto")
     p.add_argument("--no-pipeline", action="store_true", help="--link netns: skip the layer-pipelining run")
+    p.add_argument("--decodes", type=int, default=1, choices=range(1, 8), metavar="N",
+                   help="--link netns: decode hosts, each its own request from the one prefill (3: P1D3)")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--json", default=None)
     p.add_argument("--link-worker", default=None, help=argparse.SUPPRESS)
