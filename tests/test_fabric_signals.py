@@ -65,8 +65,8 @@ def _rank(rank: int, port: int) -> None:
     comm.all_reduce(t)
     assert comm.tp.name.startswith("libfabric/") and bool((t == 3).all()), (comm.tp.name, t[:4])
     dist.barrier()
-    print("ready", flush=True)
-    try:
+    try:  # "ready" inside: a SIGINT sent once it is read lands in the try, never before it
+        print("ready", flush=True)
         time.sleep(120)
     except KeyboardInterrupt:
         print("KeyboardInterrupt", flush=True)
