@@ -29,16 +29,23 @@ SLICE_S = 0.25  # a wait checks the liveness watch this often
 # waiter; were ours gone first, that drop would free the op's tensors on the
 # worker and retake the GIL, which once Python is exiting ends the thread in
 # std::terminate (a Communicator left open, issue 36). Held here, the
-# worker's drop is never the last; ours is, at a later append, on a thread
-# that holds the GIL. The deque itself is never freed (one reference more):
-# what it holds at exit is left to the OS, not to finalization.
-_HELD: collections.deque = collections.deque(maxlen=4)
+# worker's drop is never the last; ours is, at a later append or when the
+# transport closes (its works hold its group open), on a thread that holds
+# the GIL. The deque itself is never freed (one reference more): what it
+# holds at exit is left to the OS, not to finalization.
+_HELD: collections.deque = collections.deque(maxlen=4)  # (transport id, works)
 ctypes.pythonapi.Py_IncRef(ctypes.py_object(_HELD))
 
 
-def _hold(works) -> None:
+def _hold(owner, works) -> None:
     if not isinstance(works, Posted):  # send/recv works: gloo's worker never holds them
-        _HELD.append(works)
+        _HELD.append((id(owner), works))
+
+
+def _release(owner) -> None:
+    kept = [h for h in list(_HELD) if h[0] != id(owner)]
+    _HELD.clear()
+    _HELD.extend(kept)
 
 
 class Posted(list):
@@ -125,6 +132,7 @@ class TorchDistTransport(Transport):
             waiters, self._waiters = list(self._waiters.values()), {}
         for waiter in waiters:
             waiter.stop()
+        _release(self)
         self.group.close()
 
     def connect(self, deadline: Deadline) -> None:
@@ -167,7 +175,7 @@ class TorchDistTransport(Transport):
             raise
         finally:
             if self._gloo:
-                _hold(works)
+                _hold(self, works)
 
     def _wait_watched(self, works: List[object], deadline: Deadline) -> None:
         watch = self.watch
@@ -271,7 +279,7 @@ class TorchDistTransport(Transport):
         watch = self.watch
         if not self._gloo:
             return self.wait(works, deadline)
-        _hold(works)
+        _hold(self, works)
         try:
             if watch is None:
                 return self._wait_aside(works, deadline, None)
