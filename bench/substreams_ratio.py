@@ -5,7 +5,7 @@ per lane. K independent states per lane (K sub-streams, interleaved step by
 step) would give each lane K chains of n/(32K) steps: K-fold ILP, or the same
 chain length from K-fold larger blocks. The price is K * 32 final states of 4
 bytes per block. This measures it exactly: the v3 encoder of
-portable_zip.reference, with state k = step mod K, on real segment sizes
+portable_zip.codec.reference, with state k = step mod K, on real segment sizes
 (table, word count, states, words, padding) against K = 1.
 
     python3 -P bench/substreams_ratio.py [--json bench/results/substreams-ratio.json]
@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-from portable_zip import reference as ref
+from portable_zip.codec import reference as ref
 
 
 def segment_bytes(sym: np.ndarray, k: int) -> int:

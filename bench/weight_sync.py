@@ -43,7 +43,7 @@ from pzbench.common import report  # noqa: E402
 
 import portable_zip as pz  # noqa: E402
 from portable_zip import netns  # noqa: E402
-from portable_zip.weights import Receiver, Sender, wire  # noqa: E402
+from portable_zip.weights import Receiver, Sender  # noqa: E402
 
 
 class TinyLM(torch.nn.Module):
@@ -93,7 +93,7 @@ def delta_round(delta, bases, targets, device):
 
 def codec_rows(lr, steps, seed):
     """One row per step at this lr."""
-    delta = wire.delta_codec()
+    delta = pz.delta
     torch.manual_seed(seed)
     model = TinyLM()
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
@@ -146,7 +146,7 @@ def state(numel, tensors, version, changed, device):
 def state_codec(numel, tensors, changed, device, reps=3):
     """Delta encode and apply throughput on the sync's state (version 0 -> 1), one tensor
     at a time, best of `reps`: GB/s of raw state, what the link has to beat."""
-    delta = wire.delta_codec()
+    delta = pz.delta
     b, c = (state(numel, tensors, v, changed, torch.device(device)) for v in range(2))
     enc, dec, nbytes = [], [], 0
     for _ in range(reps):
@@ -293,7 +293,7 @@ def main():
         ap.error("--link netns --device cuda: both ranks share the GPU, over the fabric (gloo moves no CUDA tensors)")
     lrs = [float(x) for x in a.lrs.split(",")]
     codec = {str(lr): codec_rows(lr, a.steps, seed=0) for lr in lrs}
-    result = {"delta_codec": wire.delta_codec() is not None, "codec_summary": codec_summary(codec), "codec": codec}
+    result = {"codec_summary": codec_summary(codec), "codec": codec}
     print(json.dumps(result["codec_summary"], indent=1), flush=True)
     if not a.skip_sync:
         changed = a.changed if a.changed is not None else statistics.median(
@@ -304,10 +304,9 @@ def main():
         backend = "nccl" if a.device == "cuda" and transport == "torch" else "gloo"
         sync = {"state_bytes": 2 * numel, "tensors": a.tensors, "changed_fraction": changed,
                 "device": a.device, "transport": transport, "backend": backend}
-        if wire.delta_codec() is not None:
-            result["state_codec"] = [state_codec(numel, a.tensors, changed, d)
-                                     for d in (["cpu"] + (["cuda"] if a.device == "cuda" else []))]
-            print(json.dumps(result["state_codec"], indent=1), flush=True)
+        result["state_codec"] = [state_codec(numel, a.tensors, changed, d)
+                                 for d in (["cpu"] + (["cuda"] if a.device == "cuda" else []))]
+        print(json.dumps(result["state_codec"], indent=1), flush=True)
         if a.link == "netns":
             why = netns.unavailable()
             if why:

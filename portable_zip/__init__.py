@@ -45,9 +45,9 @@ def _installed_instead():
 if _util.find_spec(__name__ + "._C") is None:
     _installed_instead()  # the imports below then bind the installed package's modules: nothing runs twice
 
-from .checks import check  # noqa: E402
 from .codec import (  # noqa: E402
     FormatError,
+    check,
     backend_info,
     compress,
     compress_batch,
@@ -60,10 +60,10 @@ from .codec import (  # noqa: E402
     trim,
 )
 from . import ops  # noqa: E402,F401  (registers torch.ops.portable_zip.*)
-from . import delta  # noqa: E402,F401  (pz.delta: lossless weight deltas)
+from .codec import delta  # noqa: E402,F401  (pz.delta: lossless weight deltas)
 from .comm import Communicator, MismatchError, PeerError, PeerTimeout, ReduceOp, Work  # noqa: E402
 from . import c10d  # noqa: E402,F401  (registers the "pz" torch.distributed backend)
-from .c10d.report import stats  # noqa: E402  (what the pz backend moved, per group and op)
+from .c10d import stats  # noqa: E402  (what the pz backend moved, per group and op)
 from . import fsdp  # noqa: E402,F401  (pz.fsdp.AllGather / ReduceScatter: FSDP2's custom collectives)
 from .ddp import DDPHookState, ddp_comm_hook  # noqa: E402
 

@@ -18,11 +18,8 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from .c10d.works import Work as _TorchWork
-from .comm import Communicator, ReduceOp
-from .comm.group import Group
-from .comm.setup import group_for
-from .fsdp import check_options, reduction
+from .c10d import TorchWork
+from .comm import Communicator, Group, ReduceOp, check_options, group_for, reduction
 
 
 class DDPHookState:
@@ -115,7 +112,7 @@ def ddp_comm_hook(state: Optional[DDPHookState], bucket: dist.GradBucket) -> tor
     comm = (state if state is not None else _default_state()).communicator_for(buf.device)
     buf.div_(comm.world)  # first, as allreduce_hook does: no overflow in fp16
     work = comm.all_reduce(buf, op=ReduceOp.SUM, async_op=True)
-    return _TorchWork([work], [buf]).get_future().then(lambda fut: fut.value()[0])
+    return TorchWork([work], [buf]).get_future().then(lambda fut: fut.value()[0])
 
 
 __all__ = ["DDPHookState", "ddp_comm_hook"]

@@ -12,57 +12,14 @@ a Communicator holds its group, so a group the hook still caches stays alive.
 """
 from __future__ import annotations
 
-import inspect
 import weakref
-from typing import Optional, Sequence, Tuple
+from typing import Sequence
 
 import torch
 import torch.distributed as dist
 
-from .c10d.works import Work as _TorchWork
-from .comm import Communicator, ReduceOp
-from .comm.setup import group_for
-from .comm.stats import merged as merged_stats
-
-_R = dist.ReduceOp.RedOpType
-_OURS = {_R.SUM: ReduceOp.SUM, _R.AVG: ReduceOp.AVG, _R.MIN: ReduceOp.MIN, _R.MAX: ReduceOp.MAX}
-_REDUCIBLE = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
-_MODES = ("auto", "always", "never")
-
-
-def reduction(op, dtype: torch.dtype, where: str) -> Tuple[ReduceOp, Optional[float]]:
-    """pz's reduction for torch's op on dtype, and PREMUL_SUM's factor (else
-    None); an op or dtype pz cannot reduce raises, naming both."""
-    kind = getattr(op, "op", op)  # a dist.ReduceOp object (PREMUL_SUM carries its factor) or a RedOpType
-    name = getattr(kind, "name", str(kind))
-    if dtype not in _REDUCIBLE:
-        raise TypeError(f"{where}: cannot reduce {dtype} with {name}: pz reduces bfloat16, float16, float32 "
-                        "and float64 tensors")
-    if kind == _R.PREMUL_SUM:
-        f = op.factor
-        return ReduceOp.SUM, f.item() if isinstance(f, torch.Tensor) else float(f)
-    if kind not in _OURS:
-        raise ValueError(f"{where}: reduction op {name} is not supported for {dtype}: pz serves SUM, AVG, MIN, "
-                         "MAX and PREMUL_SUM")
-    return _OURS[kind], None
-
-
-def premultiplied(t: torch.Tensor, factor: float) -> torch.Tensor:
-    """t * factor as NCCL's PreMulSum computes it: the factor rounded to t's
-    dtype (as torch hands it to NCCL), then one correctly rounded product
-    (torch computes 16-bit products in fp32, where they are exact)."""
-    return t * float(torch.tensor(factor, dtype=torch.float64).to(t.dtype))
-
-
-def check_options(compress: str, options: dict) -> None:
-    """Bad hook options raise when the hook is made, not at FSDP's first all-gather."""
-    if compress not in _MODES:
-        raise ValueError(f"compress must be 'auto', 'always' or 'never', got {compress!r}")
-    try:
-        inspect.signature(Communicator).bind(None, compress, **options)
-    except TypeError as e:
-        raise TypeError(f"a pz hook's options are pz.Communicator's: {e}") from None
-
+from .c10d import TorchWork
+from .comm import Communicator, check_options, group_for, merged as merged_stats, premultiplied, reduction
 
 class _Hook:
     """What both hooks share: options for pz.Communicator, a Communicator per
@@ -118,7 +75,7 @@ class _Hook:
     @staticmethod
     def _handle(work, out: torch.Tensor, async_op: bool):
         # FSDP2 waits only on a torch.distributed Work (isinstance check), ordering its stream after the op's.
-        return _TorchWork([work], [out]) if async_op else None
+        return TorchWork([work], [out]) if async_op else None
 
     def __repr__(self) -> str:
         opts = ", ".join(f"{k}={v!r}" for k, v in self._options.items())

@@ -14,7 +14,7 @@ from . import codec
 @torch.library.custom_op("portable_zip::compress", mutates_args=())
 def compress_op(t: torch.Tensor) -> torch.Tensor:
     # Zeros past the stream: the op's output is a pure function of its input.
-    return codec._compress_padded(t, zero_pad=True)
+    return codec.compress_padded(t, zero_pad=True)
 
 
 @compress_op.register_fake
@@ -39,7 +39,7 @@ _lazy_lib = torch.library.Library("portable_zip", "IMPL")
 
 
 def _reject_lazy_out(buf, out):
-    codec._check_out(out)
+    codec.check_out(out)
     raise ValueError("decompress_into: a lazy conj/neg tensor reached the op")  # only if the flag was on buf
 
 

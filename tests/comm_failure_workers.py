@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
+from harness.ranks import device
 
 OPS = ["send_recv", "isend_batch", "broadcast", "all_reduce", "all_gather", "reduce_scatter", "all_to_all"]
 STAT_NAME = {"send_recv": "recv", "isend_batch": "recv", "broadcast": "broadcast", "all_reduce": "all_reduce",
@@ -119,10 +120,6 @@ def cell_id(world, op, mode, phase):
 
 
 # --- per-rank data ----------------------------------------------------------------
-
-def device():
-    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
-
 
 def tensor(numel, rank, peer=0, index=0, dtype=torch.bfloat16):
     """A small-integer-valued tensor particular to (rank, peer, index): exact

@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 import portable_zip as pz
 from portable_zip.comm.collectives import reduce_local
+from harness.ranks import device
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn, torch.float8_e5m2, torch.int32]
 REDUCIBLE = [torch.bfloat16, torch.float16, torch.float32]
@@ -30,10 +31,6 @@ MODES = {"auto": {"compress": "auto"}, "always": {"compress": "always"}, "never"
          "auto-slow": {"compress": "auto", "link_gbps": 0.5, "latency_us": 50, "codec_gbps": 50}}
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-
-
-def device():
-    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
 
 
 def rss_kib():

@@ -8,18 +8,10 @@ import torch.distributed as dist
 
 import portable_zip as pz
 from conftest import same_bits as same
+from harness.ranks import device
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn, torch.float8_e5m2]
 REDUCIBLE = [torch.bfloat16, torch.float16, torch.float32]
-
-
-def device():
-    """cuda:rank on NCCL groups, cpu on gloo; PZ_TEST_DEVICES ("cuda,cpu,...",
-    one per rank) puts ranks of a gloo job on GPUs (mixed-cluster tests)."""
-    spec = os.environ.get("PZ_TEST_DEVICES")
-    if spec:
-        return torch.device("cuda", 0) if spec.split(",")[dist.get_rank()] == "cuda" else torch.device("cpu")
-    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
 
 
 def empty(*shape, dtype):

@@ -13,7 +13,7 @@ import pytest
 from portable_zip import _C
 from portable_zip.comm import address
 from portable_zip.comm.address import Listen
-from portable_zip.settings import Settings
+from portable_zip.comm.settings import Settings
 
 IFACES = _C.interfaces()
 LO = next(n for n, ip in IFACES if ip == "127.0.0.1")
@@ -126,7 +126,7 @@ def test_fabric_endpoints_listen_inside_the_range():
         import os, socket, struct, torch
         from types import SimpleNamespace
         from portable_zip.comm.transports.fabric import FabricTransport
-        from portable_zip.settings import Settings
+        from portable_zip.comm.settings import Settings
         g = SimpleNamespace(rank=0, size=2, ranks=[0, 1], secret=os.urandom(16))
         s = Settings.from_env({{"PZ_FABRIC_PROVIDER": "tcp;ofi_rxm", "PZ_PORT_RANGE": "{lo}-{hi}"}})
         tp = FabricTransport(g, torch.device("cpu"), s, same_host=True)

@@ -11,18 +11,13 @@ import torch.distributed as dist
 
 import backend_workers
 from harness.ranks import free_port, run_ranks
+from harness.ranks import ok
 
 ENV = {"OMP_NUM_THREADS": "1", "PZ_CHECK_PLANS": "1"}
 
 
 def run(world, fn, *args, deadline=300.0, env=None):
     return run_ranks(world, fn, *args, env={**ENV, **(env or {})}, backend="pz", deadline=deadline, pg_timeout=120.0)
-
-
-def ok(results):
-    bad = {r: v for r, v in results.items() if v[0] != "ok"}
-    assert not bad, "\n".join(f"rank {r}: {s}: {v}" for r, (s, v) in bad.items())
-    return {r: v[1] for r, v in results.items()}
 
 
 def test_registered_on_import():

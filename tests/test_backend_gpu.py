@@ -22,8 +22,8 @@ def _check(res, seed):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_every_op_two_ranks_one_gpu_over_the_fabric():
     from portable_zip.comm.transports import fabric
-    if fabric.available():
-        pytest.skip(f"the fabric transport is unavailable: {fabric.available()}")
+    if fabric.unavailable():
+        pytest.skip(f"the fabric transport is unavailable: {fabric.unavailable()}")
     seed = int(np.random.default_rng().integers(0, 2**31))
     res = ok(run_ranks(2, backend_workers.every_op, seed, 40_000, "cuda", "fabric", env=ENV, backend="gloo",
                        deadline=500, pg_timeout=120.0))

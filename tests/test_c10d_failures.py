@@ -66,7 +66,7 @@ def test_a_failed_future_raises_where_torch_reads_its_tensors():
     none (the reducer indexed the empty list), and wait() raises the op's error."""
     from torch._jit_internal import _extract_tensors
 
-    from portable_zip.c10d import works
+    from portable_zip.c10d import torch_work as works
     from portable_zip.comm.errors import PeerError
 
     fut = torch.futures.Future()
@@ -102,7 +102,7 @@ def test_the_gloo_waiter_lets_go_of_a_job_before_its_caller_goes_on():
 
 
 def test_a_p2p_future_thread_lets_go_of_its_works_before_completing():
-    from portable_zip.c10d import works
+    from portable_zip.c10d import torch_work as works
 
     class Done(dist.Work):
         def wait(self, timeout=None):

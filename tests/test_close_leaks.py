@@ -20,7 +20,7 @@ import torch
 import comm_harness
 import portable_zip as pz
 from portable_zip import _C
-from test_comm import ok
+from harness.ranks import ok
 
 N = {"torch": 50, "fabric": 15}
 FABRIC = not (not _C.has_fabric or _C.fabric_probe())

@@ -104,7 +104,7 @@ def _route() -> None:
     """Each host: its candidate alone (no interface variable set), swapped
     through files, then the choice."""
     from portable_zip.comm import address
-    from portable_zip.settings import Settings
+    from portable_zip.comm.settings import Settings
 
     host = int(os.environ["PZ_NETNS_HOST"])
     env = {k: v for k, v in os.environ.items() if k not in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME",

@@ -5,12 +5,7 @@ import pytest
 
 import comm_harness
 import comm_workers
-
-
-def ok(results):
-    bad = {r: v for r, v in results.items() if v[0] != "ok"}
-    assert not bad, "\n".join(f"rank {r}: {s}: {v}" for r, (s, v) in bad.items())
-    return {r: v[1] for r, v in results.items()}
+from harness.ranks import ok
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])

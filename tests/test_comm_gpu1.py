@@ -7,7 +7,7 @@ import torch
 
 import comm_harness
 import comm_workers
-from test_comm import ok
+from harness.ranks import ok
 
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():

@@ -12,7 +12,7 @@ import torch
 import comm_harness
 import portable_zip as pz
 from portable_zip.comm.errors import MismatchError, PeerTimeout
-from test_comm import ok
+from harness.ranks import ok
 
 NOT_SAFE = "pz.Communicator is not thread-safe"
 

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import portable_zip as pz
 from conftest import CODED_DTYPES, fresh_rng, random_bits, same_bits, weights
-from portable_zip._dtypes import code_of
+from portable_zip.codec.dtypes import code_of
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "delta"
 sys.path.insert(0, str(GOLDEN))

@@ -136,5 +136,5 @@ def test_gpu_reference_bytes(dtype):
     base = weights(rng, BLOCK + 17, dtype)
     target = stepped(rng, base, 0.05, max_ulps=40)
     raw = lambda t: t.view(torch.uint8).numpy().tobytes()  # noqa: E731
-    want = ref.encode(raw(base), raw(target), 8 * base.element_size(), pz._dtypes.code_of(dtype))
+    want = ref.encode(raw(base), raw(target), 8 * base.element_size(), pz.codec.code_of(dtype))
     assert pz.delta.encode(base.to(DEV), target.to(DEV)).cpu().numpy().tobytes() == want

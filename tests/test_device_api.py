@@ -12,7 +12,8 @@ import pytest
 import torch
 
 import portable_zip as pz
-from portable_zip import _C, _device
+from portable_zip import _C
+from portable_zip.codec import device as _device
 
 GOLDEN = Path(__file__).parent / "golden"
 FILES = ["compute_90.ptx", "sm_100.cubin", "sm_120.cubin", "sm_80.cubin", "sm_86.cubin", "sm_89.cubin", "sm_90.cubin"]

@@ -153,9 +153,9 @@ def test_bad_sm_budget():
     with pz.sm_budget(4):  # CPU calls accept and ignore the GPU budget
         assert torch.equal(pz.decompress(pz.compress(t)), t)
         with pz.sm_budget(None):
-            assert pz.codec._max_sms(None) == 0
-        assert pz.codec._max_sms(None) == 4 and pz.codec._max_sms(2) == 2
-    assert pz.codec._max_sms(None) == 0
+            assert pz.codec.max_sms_in_force(None) == 0
+        assert pz.codec.max_sms_in_force(None) == 4 and pz.codec.max_sms_in_force(2) == 2
+    assert pz.codec.max_sms_in_force(None) == 0
 
 
 # Format v2 integrity: relabelled headers, forged headers, checksums.
@@ -163,7 +163,7 @@ def test_bad_sm_budget():
 def resign(buf: torch.Tensor) -> torch.Tensor:
     """buf with its header checksum recomputed: a forged header that passes the
     header check, so the deeper checks have to catch it."""
-    from portable_zip import reference as ref
+    from portable_zip.codec import reference as ref
 
     ndim = int(buf[7])
     head = bytes(buf[: 32 + 8 * ndim].numpy().tobytes())
@@ -271,7 +271,7 @@ def test_max_compressed_size_overflow(numel):
     with pytest.raises(OverflowError, match="2\\^48"):
         pz.max_compressed_size(numel, torch.float32)
     with pytest.raises(OverflowError, match="2\\^48"):
-        pz.codec._C.max_compressed_size(3, numel, [numel])
+        pz._C.max_compressed_size(3, numel, [numel])
     assert pz.max_compressed_size(2**48, torch.float32) > 4 * 2**48
 
 
@@ -429,11 +429,11 @@ def test_decompress_batch_overlap_check_matches_pairwise_rule():
         outs = [None if rng.integers(0, 6) == 0 else span(kind) for _ in bufs]
         want = _pairwise_error(bufs, outs)
         if want is None:
-            pz.codec._check_outs(bufs, outs)
+            pz.codec.streams._check_outs(bufs, outs)
             seen["ok"] += 1
         else:
             with pytest.raises(ValueError) as e:
-                pz.codec._check_outs(bufs, outs)
+                pz.codec.streams._check_outs(bufs, outs)
             assert str(e.value) == want, (trial, [(b.data_ptr(), b.nbytes) for b in bufs],
                                           [o if o is None else (o.data_ptr(), o.nbytes) for o in outs])
             seen["stream" if "stream" in want else "out"] += 1
@@ -450,10 +450,10 @@ def test_size_field():
     for b in (buf, padded):
         f = pz.codec.size_field(b)
         assert f.dtype == torch.uint8 and f.numel() == 8
-        assert f.data_ptr() == b.data_ptr() + pz.codec._C.total_bytes_offset  # a view: no copy, no sync
+        assert f.data_ptr() == b.data_ptr() + pz._C.total_bytes_offset  # a view: no copy, no sync
         assert int.from_bytes(f.numpy().tobytes(), "little") == buf.numel() == pz.compressed_size(b)
     with pytest.raises(ValueError, match="too short"):
-        pz.codec.size_field(buf[: pz.codec._C.total_bytes_offset + 7])
+        pz.codec.size_field(buf[: pz._C.total_bytes_offset + 7])
     with pytest.raises(TypeError, match="uint8"):
         pz.codec.size_field(t)
 
@@ -566,7 +566,7 @@ def test_cpu_decodes_check_before_returning():
     bad = good.clone()
     bad[-20] ^= 0x10
     pz.check()
-    assert pz.checks.pending() == 0
+    assert pz.codec.checks.pending() == 0
     with pytest.raises(pz.FormatError, match="corrupted stream"):
         pz.decompress(bad, check=True)
     with pytest.raises(pz.FormatError):

@@ -11,7 +11,7 @@ import comm_harness
 import fabric_workers
 import portable_zip as pz
 from portable_zip import _C
-from test_comm import ok
+from harness.ranks import ok
 
 pytestmark = pytest.mark.skipif(not _C.has_fabric or bool(_C.fabric_probe()),
                                 reason=f"no fabric transport here: {_C.fabric_probe()}")

@@ -24,7 +24,7 @@ import pytest
 import comm_harness
 import test_fabric_strangers as strangers
 from portable_zip import _C
-from test_comm import ok
+from harness.ranks import ok
 
 pytestmark = pytest.mark.skipif(not _C.has_fabric or bool(_C.fabric_probe()),
                                 reason=f"no fabric transport here: {_C.fabric_probe()}")

@@ -9,7 +9,7 @@ import torch
 import fabric_workers
 import portable_zip as pz
 from portable_zip import _C
-from test_comm import ok
+from harness.ranks import ok
 from test_fabric import run
 
 pytestmark = [pytest.mark.gpu,

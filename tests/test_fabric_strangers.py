@@ -32,7 +32,7 @@ import torch
 import comm_harness
 from conftest import same_bits
 from portable_zip import _C
-from test_comm import ok
+from harness.ranks import ok
 
 pytestmark = pytest.mark.skipif(not _C.has_fabric or bool(_C.fabric_probe()),
                                 reason=f"no fabric transport here: {_C.fabric_probe()}")
@@ -79,7 +79,7 @@ def test_one_host_binds_every_rail_to_loopback():
 
 def test_fabric_iface_picks_the_interface_and_a_bad_name_is_a_clear_error():
     from portable_zip.comm.transports.fabric import FabricTransport
-    from portable_zip.settings import Settings
+    from portable_zip.comm.settings import Settings
 
     group = SimpleNamespace(rank=0, size=2, ranks=[0, 1], secret=os.urandom(16))
     env = {"PZ_FABRIC_PROVIDER": PROVIDER, "PZ_FABRIC_IFACE": "lo"}

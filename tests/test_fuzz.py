@@ -10,8 +10,8 @@ import torch
 
 import portable_zip as pz
 from conftest import CODED_DTYPES, fresh_rng, same_bits, weights
-from portable_zip import reference as ref
-from portable_zip._dtypes import code_of
+from portable_zip.codec import reference as ref
+from portable_zip.codec.dtypes import code_of
 
 ROOT = Path(__file__).resolve().parents[1]
 MUTATIONS = int(os.environ.get("PZ_FUZZ_MUTATIONS", "12000"))

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 import portable_zip as pz
-from portable_zip import reference as ref
+from portable_zip.codec import reference as ref
 from conftest import same_bits
-from portable_zip._dtypes import code_of
+from portable_zip.codec.dtypes import code_of
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 CURRENT = pz.backend_info()["format_version"]

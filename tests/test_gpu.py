@@ -461,7 +461,7 @@ def test_gpu_decompress_out_queues_without_sync():
             assert not ahead.query(), "the stream drained before the decode was queued: the call synchronized"
             pz.check()
             assert same_bits(out.cpu(), t), (t.dtype, t.numel(), codec, queued)
-    assert pz.checks.pending() == 0
+    assert pz.codec.checks.pending() == 0
 
 
 def test_gpu_deferred_errors():

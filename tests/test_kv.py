@@ -10,14 +10,9 @@ import pytest
 
 import comm_harness
 import kv_workers as kw
+from harness.ranks import ok
 
 ENV = {"PZ_CHECK_PLANS": "1"}
-
-
-def ok(results):
-    bad = {r: v for r, v in results.items() if v[0] != "ok"}
-    assert not bad, "\n".join(f"rank {r}: {s}: {v}" for r, (s, v) in bad.items())
-    return {r: v[1] for r, v in results.items()}
 
 
 def seed():

@@ -5,7 +5,7 @@ import pytest
 
 import comm_harness
 import p2p_workers
-from test_comm import ok
+from harness.ranks import ok
 
 
 def seed():

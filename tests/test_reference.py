@@ -7,8 +7,8 @@ import torch
 from hypothesis import given, strategies as st
 
 import portable_zip as pz
-from portable_zip import reference as ref
-from portable_zip._dtypes import code_of
+from portable_zip.codec import reference as ref
+from portable_zip.codec.dtypes import code_of
 from conftest import CODED_DTYPES, forced_plan, fresh_rng, random_bits, same_bits, weights
 
 

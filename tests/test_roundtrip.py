@@ -172,7 +172,7 @@ def test_trimmed_cpu_stream_owns_exact_pages():
     are returned when it dies (the process's mapping count does not grow)."""
     rng = fresh_rng()
     t = weights(rng, (17 << 20) + 7, torch.bfloat16)  # 34 MiB: past codec._MAPPED_MIN
-    assert t.nbytes > pz.codec._MAPPED_MIN
+    assert t.nbytes > pz.codec.streams._MAPPED_MIN
     buf = pz.compress(t, threads=2)
     page = os.sysconf("SC_PAGE_SIZE")
     with open("/proc/self/maps") as f:  # the mapping holding buf ends at its last page
@@ -288,7 +288,7 @@ def test_gpu_queued_calls_reuse_workspaces_safely():
         pz.decompress(bad, out=torch.empty_like(ts[4]))
         with pytest.raises(pz.FormatError, match="decompress .queued.: corrupted stream"):
             pz.inspect(good)  # its header copy syncs side[1]
-    assert pz.checks.pending() == 0
+    assert pz.codec.checks.pending() == 0
 
 
 @pytest.mark.gpu

@@ -4,7 +4,7 @@ import pathlib
 
 import pytest
 
-from portable_zip import settings
+from portable_zip.comm import settings
 
 DOC = pathlib.Path(__file__).resolve().parents[1] / "docs" / "SETTINGS.md"
 

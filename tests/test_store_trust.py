@@ -14,11 +14,11 @@ import pytest
 
 import comm_harness
 import portable_zip as pz
-from portable_zip.comm import domains, groups
+from portable_zip.comm import domains, store as groups
 from portable_zip.comm.errors import MismatchError
 from portable_zip.comm.transports import fabric
 from test_close_leaks import FABRIC, grown, held
-from test_comm import ok
+from harness.ranks import ok
 
 TIMEOUT = 20.0
 

@@ -7,14 +7,9 @@ import pytest
 
 import comm_harness
 import weights_workers as ww
+from harness.ranks import ok
 
 SEED = 1234
-
-
-def ok(results):
-    bad = {r: v for r, v in results.items() if v[0] != "ok"}
-    assert not bad, "\n".join(f"rank {r}: {s}: {v}" for r, (s, v) in bad.items())
-    return {r: v[1] for r, v in results.items()}
 
 
 def deltas_after_first(deltas, keep_base):

@@ -1,16 +1,10 @@
 """Per-rank bodies of the pz.weights tests (importable by forked ranks).
 
 Every rank rebuilds every tensor of every version from (seed, name, version),
-so each receiver checks its result bit for bit against what it can compute.
-Where this build has no delta codec (portable_zip.delta), a stand-in with the
-same API (fake_delta below) serves, so the delta path runs either way; the
-tests say which one ran."""
-import hashlib
+so each receiver checks its result bit for bit against what it can compute."""
 import os
-import struct
 import threading
 import time
-import types
 
 import numpy as np
 import torch
@@ -18,7 +12,7 @@ import torch.distributed as dist
 
 import portable_zip as pz
 from portable_zip.comm.errors import MismatchError
-from portable_zip.weights import engine, wire
+from portable_zip.weights import engine
 from conftest import same_bits as same
 
 SHAPES = {"embed": (50, 24), "layer.0.w": (40, 33), "layer.0.b": (33,), "layer.1.w": (37, 40),
@@ -80,57 +74,9 @@ def check_model(into, seed, version, rows=None):
         check(same(t.cpu(), want), f"{n} differs from version {version}")
 
 
-class _FakeBaseMismatch(MismatchError):
-    pass
-
-
-def _digest(b: bytes) -> int:
-    return struct.unpack("<q", hashlib.blake2b(b, digest_size=8).digest())[0]
-
-
-def _fake_checksum(t):
-    return _digest(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-
-
-def _fake_encode(base, target, *, threads=None, max_sms=None):
-    """positions (int64) + new values, with both checksums: the real codec's contract, not its format."""
-    b, t = base.reshape(-1).view(torch.uint8), target.reshape(-1).view(torch.uint8)
-    w = target.element_size()
-    pos = torch.nonzero((b.view(-1, w) != t.view(-1, w)).any(1)).reshape(-1) if w else b[:0].long()
-    vals = target.reshape(-1)[pos].contiguous().view(torch.uint8)
-    head = struct.pack("<8sqqq", b"PZFAKEDL", _fake_checksum(base), _fake_checksum(target), pos.numel())
-    return torch.cat([torch.frombuffer(bytearray(head), dtype=torch.uint8), pos.view(torch.uint8), vals])
-
-
-def _fake_apply(base, stream, *, threads=None, max_sms=None):
-    raw = stream.cpu().numpy().tobytes()
-    if len(raw) < 32 or raw[:8] != b"PZFAKEDL":
-        raise pz.FormatError("fake delta: bad magic")
-    _, bcs, tcs, n = struct.unpack("<8sqqq", raw[:32])
-    w = base.element_size()
-    if len(raw) != 32 + n * (8 + w):
-        raise pz.FormatError("fake delta: bad length")
-    if _fake_checksum(base) != bcs:
-        raise _FakeBaseMismatch("fake delta: base is not the stream's base")
-    pos = torch.frombuffer(bytearray(raw[32:32 + 8 * n]), dtype=torch.int64)
-    if n and (pos.min() < 0 or pos.max() >= base.numel()):
-        raise pz.FormatError("fake delta: position out of range")
-    vals = torch.frombuffer(bytearray(raw[32 + 8 * n:]), dtype=torch.uint8).view(base.dtype)
-    base.reshape(-1)[pos.to(base.device)] = vals.to(base.device)
-    if _fake_checksum(base) != tcs:
-        raise pz.FormatError("fake delta: rebuilt tensor fails its checksum")
-
-
-fake_delta = types.SimpleNamespace(checksum=_fake_checksum, encode=_fake_encode, apply=_fake_apply,
-                                   BaseMismatch=_FakeBaseMismatch)
-
-
 def use_delta():
-    """The real delta codec when this build has it, else the stand-in; returns which."""
-    if wire.delta_codec() is not None and hasattr(pz._C, "delta_checksum_cpu"):
-        return "real"
-    wire.delta_codec = lambda: fake_delta
-    return "fake"
+    """Which delta codec the engine runs: the package's own (pz.delta)."""
+    return "real" if engine.codec_delta is pz.delta else "other"
 
 
 def comm_of(ranks, timeout=30.0):

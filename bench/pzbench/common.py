@@ -17,7 +17,7 @@ import torch
 
 import portable_zip as pz
 from harness.tensors import BAR, TENSORS, exponent_entropy_bound, make_tensor, symbols
-from portable_zip import reference as ref
+from portable_zip.codec import reference as ref
 
 from . import real_weights
 
@@ -177,7 +177,8 @@ def table_cost(t: torch.Tensor, block_log2: int) -> dict:
 def _decoder_launch(buf, out):
     """The decode launch of decompress(), with the header already parsed and the
     error flag left on the device: times the kernel, not the header read-back."""
-    from portable_zip import _C, codec
+    from portable_zip import _C
+    from portable_zip.codec import streams as codec
 
     head, _ = codec._header(buf)
     err = torch.zeros(1, dtype=torch.int32, device=buf.device)

@@ -29,7 +29,8 @@ Prepared = Tuple[Callable[[int], None], Callable[[int], None], int]
 
 def ours(inputs: List[torch.Tensor], max_sms=None, codec_name: str = "rans") -> Prepared:
     import portable_zip as pz
-    from portable_zip import _C, codec
+    from portable_zip import _C
+    from portable_zip.codec import streams as codec
 
     codec_id = codec._codec_code(codec_name)
     bufs = [pz.compress(t, codec=codec_name) for t in inputs]
@@ -44,7 +45,7 @@ def ours(inputs: List[torch.Tensor], max_sms=None, codec_name: str = "rans") -> 
     ws = torch.empty(_C.compress_workspace_bytes(code, numel, shape), dtype=torch.uint8, device=t0.device)
     heads = [codec._header(b)[0] for b in bufs]
     err = torch.zeros(1, dtype=torch.int32, device=t0.device)
-    sms = codec._max_sms(max_sms)
+    sms = codec.max_sms_in_force(max_sms)
 
     def comp(i: int) -> None:
         k = i % len(inputs)

@@ -14,6 +14,8 @@ import torch.distributed as dist
 
 from .options import Options
 from .process_group import ProcessGroupPZ
+from .report import stats
+from .torch_work import TorchWork
 
 NAME = "pz"
 _ALL = ("cpu", "cuda")  # on ROCm torch, "cuda" is HIP: RCCL inside
@@ -54,4 +56,4 @@ def register() -> None:
 
 register()
 
-__all__ = ["NAME", "Options", "ProcessGroupPZ", "register"]
+__all__ = ["NAME", "Options", "ProcessGroupPZ", "TorchWork", "register", "stats"]

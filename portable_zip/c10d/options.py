@@ -9,7 +9,7 @@ import numbers
 from dataclasses import dataclass
 from typing import Optional
 
-from ..comm.communicator import overrides
+from ..comm import check_args, overrides
 
 
 @dataclass
@@ -40,13 +40,7 @@ class Options:
 
     def __post_init__(self):
         """Bad options raise where the group is made, not at its first op."""
-        if self.compress not in ("auto", "always", "never"):
-            raise ValueError(f"Options.compress must be 'auto', 'always' or 'never', got {self.compress!r}")
-        if self.transport not in ("auto", "torch", "fabric"):
-            raise ValueError(f"Options.transport must be 'auto', 'torch' or 'fabric', got {self.transport!r}")
-        if self.max_sms is not None and (isinstance(self.max_sms, bool) or not isinstance(self.max_sms, int)
-                                         or self.max_sms < 1):
-            raise ValueError(f"Options.max_sms must be a positive int or None, got {self.max_sms!r}")
+        check_args(self.compress, self.transport, self.max_sms, "Options.")
         if self.domains is not None and isinstance(self.domains, str) and self.domains != "host":
             raise ValueError(f"Options.domains must be None, 'host' or a list of rank lists, got {self.domains!r}")
         t = self.timeout

@@ -7,7 +7,7 @@ and point to point. `Running` holds those until they finish, and an op on
 the same tensors waits for them first.
 
 DDP's reducer cannot take a failed future from a Python backend (it pickles
-the value to find its tensor: works._Failed), so `Backward` waits for the
+the value to find its tensor: torch_work._Failed), so `Backward` waits for the
 ops a backward pass posts in a callback at its end, before the reducer's
 own: a failure raises PeerError from backward()."""
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import List, Tuple
 
 import torch
 
-from ..comm.deadline import Deadline
+from ..comm import Deadline
 
 _ANY = "any"  # a tensor without strided storage: it overlaps everything
 

@@ -10,9 +10,8 @@ from typing import Callable, Optional
 
 import torch
 
-from ..comm import PointToPoint, TorchDistTransport
-from ..comm import Work as PzWork
-from . import works
+from ..comm import PointToPoint, TorchDistTransport, Work
+from . import torch_work
 
 
 class P2P:
@@ -34,10 +33,10 @@ class P2P:
         return self.path.stats
 
     def send(self, t: torch.Tensor, peer: int, tag: int = 0):
-        return works.Work([PzWork(self.path.isend(t, peer, tag))], [t])
+        return torch_work.TorchWork([Work(self.path.isend(t, peer, tag))], [t])
 
     def recv(self, t: torch.Tensor, peer: int, tag: int = 0):
-        return works.Work([PzWork(self.path.irecv(t, peer, tag))], [t])
+        return torch_work.TorchWork([Work(self.path.irecv(t, peer, tag))], [t])
 
     def close(self, why: Optional[str] = None) -> None:
         """Fail what still waits, then release the groups."""

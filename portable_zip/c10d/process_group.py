@@ -19,24 +19,16 @@ import torch
 import torch.distributed as dist
 from torch._C import _distributed_c10d as c10d
 
-from ..codec import _overlap
-from ..comm.collectives import ReduceOp
-from ..comm.communicator import TORCH_WORK, Communicator
-from ..comm.errors import MismatchError
-from ..comm.group import Group
-from ..comm.groups import swap_through_store
-from ..comm.deadline import Deadline
-from ..comm.setup import timeout_of
-from ..settings import Settings
-from . import report, works
+from ..codec import overlaps
+from ..comm import (REDUCIBLE, Communicator, Deadline, Group, MismatchError, ReduceOp, Settings,
+                    swap_through_store, timeout_of)
+from . import report, torch_work
 from .options import Options
 from .order import Backward, Running
 from .p2p import P2P
 from .staged import staged
 
 _R = dist.ReduceOp.RedOpType
-_OURS = {_R.SUM: ReduceOp.SUM, _R.AVG: ReduceOp.AVG, _R.MIN: ReduceOp.MIN, _R.MAX: ReduceOp.MAX}
-_REDUCIBLE = frozenset((torch.bfloat16, torch.float16, torch.float32, torch.float64))
 # What gloo reduces (CPU tensors, and GPU ones staged through it).
 _GLOO_REDUCES = frozenset((torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.uint8, torch.int8,
                            torch.int32, torch.int64, torch.bool, torch.complex64, torch.complex128))
@@ -94,7 +86,7 @@ def _kind(opts):
 
 def _op(opts) -> Optional[ReduceOp]:
     """Our reduction for torch's, or None (PRODUCT, bitwise, PREMUL_SUM: forwarded)."""
-    return _OURS.get(_kind(opts))
+    return ReduceOp.of_torch(_kind(opts))
 
 
 def _one(tensors, what: str) -> torch.Tensor:
@@ -223,22 +215,22 @@ class ProcessGroupPZ(dist.ProcessGroup):
         """Run the Communicators' queued ops (of kinds, default all) to the end."""
         for k, c in self._comms.items():
             if kinds is None or k in kinds:
-                c._flush()
-                c._drain()
+                c.drain()
 
     def _ours(self, device: torch.device, fn, outputs, then=None, inputs=()):
-        """fn(Communicator, async_op) on this device kind's Communicator, as a torch Work."""
+        """fn(Communicator, kw) on this device kind's Communicator, as a torch Work; kw: the async
+        collective's arguments (torch_work: an op that runs torch's own collective may return its Work)."""
         with self._lock:
             c = self._comm(device)
             if c is None:
                 return None
             self._running.settle(outputs, inputs)
-            res = fn(c, TORCH_WORK if then is None else True)
+            res = fn(c, {"async_op": True, "torch_work": then is None})
             if isinstance(res, dist.Work):  # torch's own op (an idle native plan): runs beside the queue
                 return self._backward.add(self._running.add(res, outputs, inputs), c)
             if res is None:
-                return works.done(outputs)
-            w = works.Work([res], outputs, then)
+                return torch_work.done(outputs)
+            w = torch_work.TorchWork([res], outputs, then)
             if then is not None:  # its copy-out runs after the queue has moved on
                 self._running.add(w, outputs, inputs)
             return self._backward.add(w)
@@ -263,7 +255,7 @@ class ProcessGroupPZ(dist.ProcessGroup):
                 return staged(self._inner["cpu"].pg, name, args)
             w = getattr(inner.pg, name)(*args)
             if name in ("send", "recv"):
-                w = works.Joined([w], args[0])  # gloo's may be waited for once: settle() waits too
+                w = torch_work.Joined([w], args[0])  # gloo's may be waited for once: settle() waits too
             return self._running.add(w, writes, reads)
 
     def _served(self, t, dtype_ok=True) -> bool:
@@ -274,10 +266,10 @@ class ProcessGroupPZ(dist.ProcessGroup):
     def allreduce(self, tensors, opts=None):
         opts = opts if opts is not None else c10d.AllreduceOptions()
         t, op = _one(tensors, "all_reduce"), _op(opts)
-        if op is not None and self._served(t, t.dtype in _REDUCIBLE):
+        if op is not None and self._served(t, t.dtype in REDUCIBLE):
             k = _Contig()
             tc = k.out(t, self)
-            return self._ours(t.device, lambda c, a: c.all_reduce(tc, op=op, async_op=a), [t], k.then())
+            return self._ours(t.device, lambda c, kw: c.all_reduce(tc, op=op, **kw), [t], k.then())
         self._reducible("all_reduce", t, opts)
         return self._forward(t.device, "allreduce", tensors, opts)
 
@@ -298,18 +290,18 @@ class ProcessGroupPZ(dist.ProcessGroup):
         if self._served(t):
             k = _Contig()
             tc = k.out(t, self)
-            return self._ours(t.device, lambda c, a: c.broadcast(tc, opts.rootRank, async_op=a), [t], k.then())
+            return self._ours(t.device, lambda c, kw: c.broadcast(tc, opts.rootRank, **kw), [t], k.then())
         return self._forward(t.device, "broadcast", tensors, opts)
 
     @_plain(_ALL_GATHER)
     def all_gather_single(self, out, inp, opts=None):
         opts = opts if opts is not None else c10d.AllgatherOptions()
         if self._served(inp) and _dense(out) and out.dtype == inp.dtype and out.numel() == self.size() * inp.numel():
-            if _overlap(out, inp) and inp.data_ptr() != out.data_ptr() + self.rank() * inp.nbytes:
+            if overlaps(out, inp) and inp.data_ptr() != out.data_ptr() + self.rank() * inp.nbytes:
                 self._early(inp.device, [out, inp])  # the Communicator copies inp now
             k = _Contig()
             oc, ic = k.out(out, self), k.inp(inp, self)
-            return self._ours(inp.device, lambda c, a: c.all_gather_single(oc, ic, async_op=a), [out], k.then(), [inp])
+            return self._ours(inp.device, lambda c, kw: c.all_gather_single(oc, ic, **kw), [out], k.then(), [inp])
         return self._forward(inp.device, _ALL_GATHER, out, inp, opts)
 
     _allgather_base = all_gather_single  # torch < 2.13
@@ -328,7 +320,7 @@ class ProcessGroupPZ(dist.ProcessGroup):
                 for r, o in enumerate(outs):
                     o.copy_(flat[r * n:(r + 1) * n].view(o.shape))
             ic = _Contig.inp(inp, self).reshape(-1)
-            return self._ours(inp.device, lambda c, a: c.all_gather_single(flat, ic, async_op=a), output_lists, then,
+            return self._ours(inp.device, lambda c, kw: c.all_gather_single(flat, ic, **kw), output_lists, then,
                               [inp])
         return self._forward(inp.device, "allgather", output_lists, inputs, opts)
 
@@ -336,13 +328,13 @@ class ProcessGroupPZ(dist.ProcessGroup):
     def reduce_scatter_single(self, out, inp, opts=None):
         opts = opts if opts is not None else c10d.ReduceScatterOptions()
         op = _op(opts)
-        if (op is not None and self._served(inp, inp.dtype in _REDUCIBLE) and _dense(out) and out.dtype == inp.dtype
+        if (op is not None and self._served(inp, inp.dtype in REDUCIBLE) and _dense(out) and out.dtype == inp.dtype
                 and inp.numel() == self.size() * out.numel()):
-            if _overlap(out, inp):
+            if overlaps(out, inp):
                 self._early(inp.device, [out, inp])  # the Communicator copies inp now
             k = _Contig()
             oc, ic = k.out(out, self), k.inp(inp, self)
-            return self._ours(inp.device, lambda c, a: c.reduce_scatter_single(oc, ic, op=op, async_op=a), [out],
+            return self._ours(inp.device, lambda c, kw: c.reduce_scatter_single(oc, ic, op=op, **kw), [out],
                               k.then(), [inp])
         self._reducible("reduce_scatter", inp, opts)
         return self._forward(inp.device, _REDUCE_SCATTER, out, inp, opts)
@@ -354,13 +346,13 @@ class ProcessGroupPZ(dist.ProcessGroup):
         opts = opts if opts is not None else c10d.ReduceScatterOptions()
         out, op = _one(outputs, "reduce_scatter"), _op(opts)
         ins = input_lists[0] if len(input_lists) == 1 else []
-        if (op is not None and self._served(out, out.dtype in _REDUCIBLE) and len(ins) == self.size()
+        if (op is not None and self._served(out, out.dtype in REDUCIBLE) and len(ins) == self.size()
                 and all(_dense(i) and i.dtype == out.dtype and i.numel() == out.numel() for i in ins)):
             self._early(out.device, [outputs, ins])
             flat = torch.cat([i.reshape(-1) for i in ins])
             k = _Contig()
             oc = k.out(out, self).view(-1)
-            return self._ours(out.device, lambda c, a: c.reduce_scatter_single(oc, flat, op=op, async_op=a), outputs,
+            return self._ours(out.device, lambda c, kw: c.reduce_scatter_single(oc, flat, op=op, **kw), outputs,
                               k.then())
         self._reducible("reduce_scatter", out, opts)
         return self._forward(out.device, "reduce_scatter", outputs, input_lists, opts)
@@ -370,12 +362,12 @@ class ProcessGroupPZ(dist.ProcessGroup):
         opts = opts if opts is not None else c10d.AllToAllOptions()
         if self._served(inp) and _dense(out) and out.dtype == inp.dtype:
             o, i = (list(out_splits) or None), (list(in_splits) or None)
-            if _overlap(out, inp):
+            if overlaps(out, inp):
                 self._early(inp.device, [out, inp])  # the Communicator copies inp now
             k = _Contig()
             oc, ic = k.out(out, self), k.inp(inp, self)
-            return self._ours(inp.device, lambda c, a: c.all_to_all_single(oc, ic, o, i, async_op=a), [out], k.then(),
-                              [inp])
+            return self._ours(inp.device, lambda c, kw: c.all_to_all_single(oc, ic, o, i, async_op=True), [out],
+                              k.then(), [inp])
         return self._forward(inp.device, _ALL_TO_ALL, out, inp, out_splits,
                              in_splits, opts)
 
@@ -395,7 +387,7 @@ class ProcessGroupPZ(dist.ProcessGroup):
             def then():
                 for t, piece in zip(outputs, torch.split(flat_out, o)):
                     t.copy_(piece.view(t.shape))
-            return self._ours(flat_in.device, lambda c, a: c.all_to_all_single(flat_out, flat_in, o, i, async_op=a),
+            return self._ours(flat_in.device, lambda c, kw: c.all_to_all_single(flat_out, flat_in, o, i, async_op=True),
                               outputs, then)
         return self._forward(_device(ts), "alltoall", outputs, inputs, opts)
 
@@ -414,7 +406,7 @@ class ProcessGroupPZ(dist.ProcessGroup):
     def _coalesced(self, outs, ins, opts, one, make):
         opts = opts if opts is not None else make()
         ws = [one(o, i, opts) for o, i in zip(outs, ins)]
-        return works.joined(ws, list(outs))
+        return torch_work.joined(ws, list(outs))
 
     # --- forwarded as they are ----------------------------------------------------
     @_plain()
@@ -480,7 +472,7 @@ class ProcessGroupPZ(dist.ProcessGroup):
                 w = p.recv(t, peer, tag)
             else:
                 k = _Contig()
-                w = works.then(p.recv(k.out(t, self), peer, tag), [t], k.then())
+                w = torch_work.then(p.recv(k.out(t, self), peer, tag), [t], k.then())
             return self._running.add(w, writes, reads)
 
     def _compresses(self, kind: str, mode: str):
@@ -503,7 +495,7 @@ class ProcessGroupPZ(dist.ProcessGroup):
         pass  # each isend/irecv is posted at once and matched in order: nothing to group
 
     def _end_coalescing(self, device):
-        return works.done([])
+        return torch_work.done([])
 
     # --- life -------------------------------------------------------------------
     def shutdown(self) -> None:
@@ -543,7 +535,7 @@ class ProcessGroupPZ(dist.ProcessGroup):
 
 
 def _device(tensors) -> torch.device:
-    t = works.first_tensor(tensors)
+    t = torch_work.first_tensor(tensors)
     if t is None:
         raise ValueError("pz backend: an op with no tensors")
     return t.device

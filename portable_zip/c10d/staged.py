@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from . import works
+from . import torch_work
 
 
 def _map(x, fn):
@@ -30,4 +30,4 @@ def staged(pg, name: str, args):
     for t, h in pairs:
         if t is not h:
             t.copy_(h)
-    return works.done([t for t, _ in pairs])
+    return torch_work.done([t for t, _ in pairs])

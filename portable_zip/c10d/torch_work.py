@@ -10,7 +10,7 @@ from typing import Callable, List, Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from ..comm.work import Work as PzWork
+from ..comm import Work
 
 
 def _seconds(timeout) -> Optional[float]:
@@ -21,7 +21,7 @@ def _seconds(timeout) -> Optional[float]:
     return s if s > 0 else None
 
 
-class Work(dist.Work):
+class TorchWork(dist.Work):
     """One or more pz ops seen as one torch Work. Its future's value is
     `outputs` (torch's rule: the op's output tensors), set once every op is
     done and `then` (a copy-out, for list-form ops) has run, under the
@@ -44,7 +44,7 @@ class Work(dist.Work):
         if not self._works:
             self._finish()
         for w in self._works:
-            if isinstance(w, PzWork):
+            if isinstance(w, Work):
                 w._future.add_done_callback(lambda f: self._one_done(f.exception()))
             else:  # torch's own (a forwarded or native op of a coalesced call)
                 w.get_future().add_done_callback(lambda f: self._one_done(_error_of(f)))
@@ -77,7 +77,7 @@ class Work(dist.Work):
 
     def wait(self, timeout=None) -> bool:
         for w in self._works:
-            if isinstance(w, PzWork):
+            if isinstance(w, Work):
                 w.wait(_seconds(timeout))  # flushes pending isend/irecv; raises the op's error
             else:
                 w.wait(timeout) if timeout is not None else w.wait()
@@ -99,8 +99,8 @@ class Work(dist.Work):
 
     def get_future(self) -> torch.futures.Future:
         for w in self._works:
-            if isinstance(w, PzWork) and w._flush is not None:
-                w._flush()  # a future nobody waits on must still run
+            if isinstance(w, Work):
+                w.start()  # a future nobody waits on must still run
         return self._future
 
     def result(self) -> List[torch.Tensor]:
@@ -152,9 +152,9 @@ def _error_of(fut) -> Optional[BaseException]:
 
 def joined(ws, outputs: List[torch.Tensor]):
     """Several ops' Works (ours or torch's) as one: a coalesced call."""
-    if not any(isinstance(w, Work) for w in ws):
+    if not any(isinstance(w, TorchWork) for w in ws):
         return Joined(ws, outputs)
-    return Work([x for w in ws for x in (w._works if isinstance(w, Work) else [w])], outputs)
+    return TorchWork([x for w in ws for x in (w._works if isinstance(w, TorchWork) else [w])], outputs)
 
 
 class Joined(dist.Work):
@@ -213,12 +213,12 @@ class Joined(dist.Work):
         return self._future
 
 
-def then(w, outputs: List[torch.Tensor], fn: Callable[[], None]) -> Work:
+def then(w, outputs: List[torch.Tensor], fn: Callable[[], None]) -> TorchWork:
     """w (ours or torch's), then fn once it is done: one Work."""
     # A Joined stays whole: gloo's send/recv Works have no future, a Joined makes one.
-    return Work(w._works if isinstance(w, Work) else [w], outputs, fn)
+    return TorchWork(w._works if isinstance(w, TorchWork) else [w], outputs, fn)
 
 
-def done(outputs: List[torch.Tensor]) -> Work:
+def done(outputs: List[torch.Tensor]) -> TorchWork:
     """A Work that is already complete (ops served on the calling thread)."""
-    return Work([], outputs)
+    return TorchWork([], outputs)

@@ -16,7 +16,8 @@ from typing import Optional, Sequence
 
 import torch
 
-from . import _C, _device
+from .. import _C
+from . import device as _device
 
 _SLOTS = 4096
 _lock = threading.Lock()

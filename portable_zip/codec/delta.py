@@ -15,10 +15,11 @@ from typing import Optional
 
 import torch
 
-from . import _C, _device
-from ._dtypes import CODED, code_of, dtype_of
-from .codec import FormatError, _check_out, _check_tensor, _max_sms, _on, _threads
-from .comm.errors import MismatchError
+from .. import _C
+from . import device as _device
+from .dtypes import CODED, code_of, dtype_of
+from .errors import FormatError, MismatchError
+from .streams import check_out, _check_tensor, max_sms_in_force, _on, _threads
 
 __all__ = ["BaseMismatch", "apply", "checksum", "encode", "inspect", "max_encoded_size"]
 
@@ -33,7 +34,7 @@ class BaseMismatch(MismatchError):
 
 
 def _check_delta_tensor(t, what: str) -> None:
-    _check_out(t, what)  # a torch.Tensor, contiguous, on cpu/cuda, not a lazy conj/neg view
+    check_out(t, what)  # a torch.Tensor, contiguous, on cpu/cuda, not a lazy conj/neg view
     if t.dtype not in CODED:
         raise TypeError(f"{what} has dtype {t.dtype}; deltas code {', '.join(str(d) for d in CODED)}")
 
@@ -64,11 +65,11 @@ def _gpu_checksum(p: int, nbytes: int, sums: torch.Tensor, k: int, sms: int) -> 
 def checksum(t: torch.Tensor, *, threads: Optional[int] = None, max_sms: Optional[int] = None) -> int:
     """64-bit checksum of a contiguous tensor's bytes (any dtype); the same
     value on the CPU and the GPU."""
-    _check_out(t, "t")
+    check_out(t, "t")
     if t.is_cuda:
         sums = _sums(1, t.device)
         with _on(t.device.index):
-            _gpu_checksum(t.data_ptr(), t.nbytes, sums, 0, _max_sms(max_sms))
+            _gpu_checksum(t.data_ptr(), t.nbytes, sums, 0, max_sms_in_force(max_sms))
         return _finish(sums.tolist(), 0, t.nbytes)
     return _C.delta_checksum_cpu(t.data_ptr(), t.nbytes, _threads(threads))
 
@@ -93,7 +94,7 @@ def encode(base: torch.Tensor, target: torch.Tensor, *, threads: Optional[int] =
     code, numel = code_of(base.dtype), base.numel()
     if not base.is_cuda:
         return _C.delta_encode_cpu(base.data_ptr(), target.data_ptr(), code, numel, _threads(threads))
-    sms, dev = _max_sms(max_sms), base.device.index
+    sms, dev = max_sms_in_force(max_sms), base.device.index
     stream = _device.stream(dev)
     with _on(dev):
         ws = torch.empty(_C.delta_workspace_bytes(numel), dtype=torch.uint8, device=base.device)
@@ -160,7 +161,7 @@ def apply(base: torch.Tensor, stream: torch.Tensor, *, threads: Optional[int] = 
     head, info = _parse(stream)
     if info["dtype"] != code or info["numel"] != numel:
         _raise(_C.delta_error_mismatch)
-    sms, dev = _max_sms(max_sms), base.device.index
+    sms, dev = max_sms_in_force(max_sms), base.device.index
     if stream.data_ptr() % 4:
         stream = stream.clone()  # the kernels read 32-bit words
     cuda_stream = _device.stream(dev)

@@ -11,9 +11,9 @@ import warnings
 
 import torch
 
-from . import _C
+from .. import _C
 
-CODE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "device")
+CODE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "device")
 _loaded = None  # the vendor whose runtime loaded
 
 # torch's own entry points for the per-call lookups of the GPU path (a CUDA or

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._dtypes import CODED as _CODED_DTYPES, code_of
+from .dtypes import CODED as _CODED_DTYPES, code_of
 
 MAGIC = b"PZIP"
 VERSION = 4

@@ -12,15 +12,18 @@ from typing import Iterator, Optional, Sequence
 import torch
 
 try:
-    from . import _C
+    from .. import _C
 except ImportError as e:  # imported from a source checkout that has no built extension
     raise ImportError("portable_zip's compiled extension is missing: install the package (pip install .) and "
                       "import it from outside the source tree (or run python -P)") from e
-from . import _device, checks
-from ._dtypes import CODED, CODEC_CODES, CODECS, DTYPE_TO_CODE, code_of, dtype_of
-from ._version import __version__
+from . import checks
+from . import device as _device
+from .dtypes import CODED, CODEC_CODES, CODECS, DTYPE_TO_CODE, code_of, dtype_of
+from .._version import __version__
 
-FormatError = _C.FormatError
+from .errors import FormatError  # noqa: E402
+
+FORMAT_VERSION = _C.format_version  # the stream format this build writes (it reads every older one too)
 MAX_HEADER_BYTES = 32 + 8 * 16
 MAX_DIMS = 16
 MAX_NUMEL = 1 << 48  # format.h kMaxNumel: byte counts stay far from wrapping 64 bits
@@ -58,7 +61,7 @@ def _check_tensor(t, what: str) -> None:
 
 
 def _plain_gpu(t) -> bool:
-    """Whether t passes _check_tensor and _check_out as a loaded GPU's tensor,
+    """Whether t passes _check_tensor and check_out as a loaded GPU's tensor,
     in one expression: callers run the full checks (and their messages, in
     their order) only when it is False."""
     return (isinstance(t, torch.Tensor) and t.is_cuda and _device._loaded is not None and t.is_contiguous()
@@ -104,14 +107,14 @@ def _resolved(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def _check_out(out: torch.Tensor, what: str = "out") -> None:
+def check_out(out: torch.Tensor, what: str = "out") -> None:
     _check_tensor(out, what)
     if out.is_conj() or out.is_neg():
         raise ValueError(f"{what} is a lazy {'conj' if out.is_conj() else 'neg'} view: decoding into its memory would "
                          "store values it then shows conjugated/negated; pass a plain tensor (e.g. torch.empty_like)")
 
 
-def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether two contiguous tensors share any byte of memory."""
     if a.device != b.device:
         return False
@@ -125,7 +128,7 @@ def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
 def _any_overlap(bufs: Sequence[torch.Tensor], outs: Sequence[Optional[torch.Tensor]]) -> bool:
     """False when no output shares memory with a stream or another output
     (streams may share memory: they are only read); True when one may (the
-    caller's pairwise _overlap loop decides), in O(n log n). First by address
+    caller's pairwise overlaps loop decides), in O(n log n). First by address
     alone: n spans are disjoint iff, with starts and ends sorted apart, each
     start is at or past the end ranked before it (C-speed passes, no pairs
     built). Only if not, the spans sorted by (device index, start): a span
@@ -242,8 +245,8 @@ def sm_budget(max_sms: Optional[int]) -> Iterator[None]:
     so the codec can share the GPU with compute running beside it.
     The budget is thread-local: work handed to a thread pool does not see it,
     so code that runs the codec on other threads (the comm layer's workers)
-    passes max_sms to each call explicitly (_compress_padded, compress_batch,
-    _decode_gpu, _queue_decodes take it)."""
+    passes max_sms to each call explicitly (compress_padded, compress_batch,
+    decode_queued, _queue_decodes take it)."""
     max_sms = None if max_sms is None else _count(max_sms, "max_sms")
     old = _budget.max_sms
     _budget.max_sms = max_sms
@@ -253,7 +256,7 @@ def sm_budget(max_sms: Optional[int]) -> Iterator[None]:
         _budget.max_sms = old
 
 
-def _max_sms(max_sms: Optional[int]) -> int:
+def max_sms_in_force(max_sms: Optional[int]) -> int:
     """The SM limit for one call (0 = all): the argument, else the sm_budget in force."""
     if max_sms is None:
         max_sms = _budget.max_sms
@@ -298,7 +301,7 @@ def _compress_exact_cpu(t: torch.Tensor, threads: Optional[int], codec: int) -> 
     return _C.compress_cpu_exact(t.data_ptr(), code, numel, shape, _threads(threads), codec)
 
 
-def _compress_padded(t: torch.Tensor, threads: Optional[int] = None, max_sms: int = 0, codec: int = 1,
+def compress_padded(t: torch.Tensor, threads: Optional[int] = None, max_sms: int = 0, codec: int = 1,
                      zero_pad: bool = False) -> torch.Tensor:
     """Compress into a buffer of max_compressed_size bytes; the header holds the true size.
     max_sms: the GPU launch's SM limit, 0 for all (no sm_budget is read here).
@@ -366,12 +369,12 @@ def compress(t: torch.Tensor, *, trim: Optional[bool] = None, threads: Optional[
     escape): a larger stream, simpler and faster to code (bench/NOTES.md says where
     it wins); decompress reads the codec from the header.
     """
-    sms, code = _max_sms(max_sms), _codec_code(codec)
+    sms, code = max_sms_in_force(max_sms), _codec_code(codec)
     if threads is not None:  # checked wherever the call runs (GPU calls ignore it)
         _count(threads, "threads")
     if trim is not False and isinstance(t, torch.Tensor) and t.is_cpu and t.nbytes > _MAPPED_MIN:
         return _compress_exact_cpu(t, threads, code)
-    buf = _compress_padded(t, threads, sms, code)
+    buf = compress_padded(t, threads, sms, code)
     if trim is None:
         trim = buf.is_cpu
     return _trim(buf) if trim else buf
@@ -408,17 +411,17 @@ def decompress(buf: torch.Tensor, *, out: Optional[torch.Tensor] = None, threads
     (pz.check(), or check=True to wait and check now). Without out=, the
     header is read first (a host sync) and the result is checked before the
     call returns. CPU decodes are always checked before they return."""
-    sms = _max_sms(max_sms)
+    sms = max_sms_in_force(max_sms)
     if threads is not None:
         _count(threads, "threads")
     if out is not None and isinstance(buf, torch.Tensor) and buf.is_cuda:
         if not _plain_stream(buf):
             _header_args(buf)
         if not _plain_gpu(out):
-            _check_out(out)  # on a GPU, it loaded the GPU code (_device.require)
+            check_out(out)  # on a GPU, it loaded the GPU code (_device.require)
         if out.get_device() != buf.get_device():
             raise ValueError(f"out is on {out.device} but the stream is on {buf.device}")
-        # _overlap, for two tensors on one device
+        # overlaps, for two tensors on one device
         pb, nb, po, no = buf.data_ptr(), buf.numel(), out.data_ptr(), out.nbytes
         if nb and no and pb < po + no and po < pb + nb:
             raise ValueError("out overlaps the stream's memory: decoding would overwrite the stream while reading it")
@@ -432,7 +435,7 @@ def decompress(buf: torch.Tensor, *, out: Optional[torch.Tensor] = None, threads
         return out
     _check_tensor(buf, "stream")
     err = torch.zeros(1, dtype=torch.int32, device=buf.device)
-    _decode_gpu(buf, head, info, out, err, sms)
+    decode_queued(buf, head, info, out, err, sms)
     bits = int(err.item())
     if bits:
         raise FormatError(_C.decode_error_text(bits))
@@ -448,12 +451,12 @@ def _target(buf: torch.Tensor, out: Optional[torch.Tensor], what: str = "out", s
     shape = tuple(info["shape"])
     if out is None:
         return head, info, _fresh(shape, dtype, buf.device)
-    _check_out(out, what)
+    check_out(out, what)
     if out.dtype != dtype or tuple(out.shape) != shape:
         raise ValueError(f"{what} is {out.dtype}{list(out.shape)} but {stream} holds {dtype}{list(shape)}")
     if out.device != buf.device:
         raise ValueError(f"{what} is on {out.device} but {stream} is on {buf.device}")
-    if _overlap(out, buf):
+    if overlaps(out, buf):
         raise ValueError(f"{what} overlaps {stream}'s memory: decoding would overwrite it while reading it")
     return head, info, out
 
@@ -550,7 +553,7 @@ def _queue_decodes(bufs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor], c
     return [(i if labels is None else labels[i], _C.decode_error_text(w)) for i, w in enumerate(bits) if w]
 
 
-def _decode_gpu(buf: torch.Tensor, head: bytes, info: dict, out: torch.Tensor, err: torch.Tensor,
+def decode_queued(buf: torch.Tensor, head: bytes, info: dict, out: torch.Tensor, err: torch.Tensor,
                 max_sms: int = 0) -> None:
     """Queue the decode of GPU stream buf (header already parsed: head, info)
     into out on the current stream, without a host sync; decode errors OR
@@ -596,7 +599,7 @@ def compress_batch(tensors: Sequence[torch.Tensor], *, trim: Optional[bool] = No
     (each view padded to max_compressed_size; the headers hold the sizes).
     max_sms: as for compress(); threads that do not carry the caller's
     sm_budget (a pool's) pass it explicitly."""
-    sms, codec_id = _max_sms(max_sms), _codec_code(codec)
+    sms, codec_id = max_sms_in_force(max_sms), _codec_code(codec)
     if threads is not None:
         _count(threads, "threads")
     tensors = list(tensors)
@@ -608,7 +611,7 @@ def compress_batch(tensors: Sequence[torch.Tensor], *, trim: Optional[bool] = No
     # with elements is what plan_header codes: _C.raw_header(...) is None); the rest one by one.
     keys = [(t.get_device(), t.dtype) if t.is_cuda and t.dtype in _CODED and t.numel() and not t.data_ptr() % 16
             else None for t in tensors]
-    out = [None if k else _compress_padded(t, threads, sms, codec_id) for t, k in zip(tensors, keys)]
+    out = [None if k else compress_padded(t, threads, sms, codec_id) for t, k in zip(tensors, keys)]
     for (dev, dtype), idx in _grouped(keys).items():
         group = _pick(tensors, idx)
         device, code = group[0].device, code_of(dtype)
@@ -647,7 +650,7 @@ def _check_outs(bufs: list, outs: list) -> None:
         if o is None or (_plain_gpu(o) and o.get_device() == bufs[i].get_device()):
             continue
         try:
-            _check_out(o, f"out[{i}]")
+            check_out(o, f"out[{i}]")
             if (d := o.get_device()) != bufs[i].get_device() or (d < 0 and o.device != bufs[i].device):
                 raise ValueError(f"out[{i}] is on {o.device} but stream {i} is on {bufs[i].device}")
         except (TypeError, ValueError) as e:
@@ -659,10 +662,10 @@ def _check_outs(bufs: list, outs: list) -> None:
             if o is None:
                 continue
             for j, b in enumerate(bufs):
-                if _overlap(o, b):
+                if overlaps(o, b):
                     raise ValueError(f"out[{i}] overlaps stream {j}'s memory")
             for j in range(i):
-                if outs[j] is not None and _overlap(o, outs[j]):
+                if outs[j] is not None and overlaps(o, outs[j]):
                     raise ValueError(f"out[{i}] overlaps out[{j}]")
     if bad is not None:
         raise bad[1]
@@ -679,7 +682,7 @@ def decompress_batch(bufs: Sequence[torch.Tensor], *, out: Optional[Sequence[tor
     call returns. A stream that fails does not stop the others: the error
     (FormatError, its .streams the failed indices) names every stream that
     failed where it is checked; the other outputs hold their decoded data."""
-    sms = _max_sms(max_sms)
+    sms = max_sms_in_force(max_sms)
     if threads is not None:
         _count(threads, "threads")
     bufs = list(bufs)
@@ -767,3 +770,20 @@ def backend_info(device: Optional[int] = None) -> dict:
         info.update(warp_size=warp, sm_count=sms, device=torch.cuda.get_device_name(dev),
                     device_image=_C.gpu_image(dev) or None)  # the code file in use, once a kernel has run
     return info
+
+
+def stream_layout(t: torch.Tensor) -> dict:
+    """Where t's stream keeps its parts: its header's bytes ("raw_begin") and
+    the most the whole stream can take ("max_total"), from t's dtype and size."""
+    return _C.stream_layout(code_of(t.dtype), t.numel(), [t.numel()])
+
+
+def parse_header(head: bytes, max_total: int) -> dict:
+    """A stream header's fields (dtype code, numel, total_bytes, ...); FormatError
+    when it is malformed or claims more than max_total bytes."""
+    return _C.parse_header(head, max_total)
+
+
+def decode_error_text(bits: int) -> str:
+    """What the error bits a queued decode ORed into its err tensor mean."""
+    return _C.decode_error_text(bits)

@@ -12,17 +12,16 @@ from typing import Optional, Sequence
 
 import torch
 
-from .. import _C
-from .._dtypes import CODE_TO_DTYPE, code_of
+from ..codec import CODE_TO_DTYPE, FORMAT_VERSION, code_of
+from .args import MODES
 from .deadline import Deadline
 from .errors import MismatchError, PeerError
 from .transports.base import RECV, SEND, Transport
 
 SPEC_PROTO = 0x505A4353  # "PZCS": a collective's (or the constructor's) spec message; same length
-WIRE_VERSION = 1 + (_C.format_version << 8)  # protocol 1 carrying stream format N
+WIRE_VERSION = 1 + (FORMAT_VERSION << 8)  # protocol 1 carrying stream format N
 CTRL_WORDS = 12
 OPS = ["send", "recv", "broadcast", "all_gather", "reduce_scatter", "all_reduce", "all_to_all"]
-MODES = ["auto", "always", "never"]
 PLAN_IDS = {"native": 0, "raw": 1, "compressed": 2, "decided from the split matrix": 3}
 _PLAN_NAMES = {v: k for k, v in PLAN_IDS.items()}
 

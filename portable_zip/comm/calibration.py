@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from .. import codec
-from .._dtypes import CODED
+from ..codec import CODED
 from .deadline import Deadline
 from .policy import Calibration, Policy
 from .transports.base import RECV, SEND, Transport
@@ -137,14 +137,14 @@ def measure_codec(dtype: torch.dtype, device: torch.device, max_sms: int = 0):
     g = torch.Generator(device="cpu").manual_seed(0)
     t = (torch.randn(n, generator=g) * 0.02).to(dtype).to(device)
     sms = max_sms or None  # decompress's spelling of "every SM" (this thread's budget is already in max_sms)
-    buf = codec._compress_padded(t, max_sms=max_sms)  # warm-up (and module load on GPU)
+    buf = codec.compress_padded(t, max_sms=max_sms)  # warm-up (and module load on GPU)
     out = torch.empty_like(t)
     codec.decompress(buf, out=out, check=True, max_sms=sms)
     best_c = best_d = float("inf")
     for _ in range(2):
         _sync(device)
         t0 = time.perf_counter()
-        buf = codec._compress_padded(t, max_sms=max_sms)
+        buf = codec.compress_padded(t, max_sms=max_sms)
         _sync(device)
         t1 = time.perf_counter()
         codec.decompress(buf, out=out, check=True, max_sms=sms)

@@ -8,7 +8,7 @@ only pairs in different domains do)."""
 from __future__ import annotations
 
 import enum
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -40,9 +40,43 @@ class ReduceOp(enum.Enum):
     def native(self):
         return _NATIVE_OPS[self]
 
+    @classmethod
+    def of_torch(cls, kind) -> "Optional[ReduceOp]":
+        """Ours for torch's RedOpType (SUM, AVG, MIN, MAX); None for the rest."""
+        return _OF_TORCH.get(kind)
+
 
 _NATIVE_OPS = {ReduceOp.SUM: dist.ReduceOp.SUM, ReduceOp.AVG: dist.ReduceOp.AVG,
                ReduceOp.MIN: dist.ReduceOp.MIN, ReduceOp.MAX: dist.ReduceOp.MAX}
+_R = dist.ReduceOp.RedOpType
+_OF_TORCH = {_R.SUM: ReduceOp.SUM, _R.AVG: ReduceOp.AVG, _R.MIN: ReduceOp.MIN, _R.MAX: ReduceOp.MAX}
+# The dtypes pz reduces (others: torch's own op, or a TypeError where there is none).
+REDUCIBLE = frozenset((torch.bfloat16, torch.float16, torch.float32, torch.float64))
+
+
+def reduction(op, dtype: torch.dtype, where: str) -> Tuple[ReduceOp, Optional[float]]:
+    """pz's reduction for torch's op on dtype, and PREMUL_SUM's factor (else
+    None); an op or dtype pz cannot reduce raises, naming both (the hooks')."""
+    kind = getattr(op, "op", op)  # a dist.ReduceOp object (PREMUL_SUM carries its factor) or a RedOpType
+    name = getattr(kind, "name", str(kind))
+    if dtype not in REDUCIBLE:
+        raise TypeError(f"{where}: cannot reduce {dtype} with {name}: pz reduces bfloat16, float16, float32 "
+                        "and float64 tensors")
+    if kind == _R.PREMUL_SUM:
+        f = op.factor
+        return ReduceOp.SUM, f.item() if isinstance(f, torch.Tensor) else float(f)
+    ours = ReduceOp.of_torch(kind)
+    if ours is None:
+        raise ValueError(f"{where}: reduction op {name} is not supported for {dtype}: pz serves SUM, AVG, MIN, "
+                         "MAX and PREMUL_SUM")
+    return ours, None
+
+
+def premultiplied(t: torch.Tensor, factor: float) -> torch.Tensor:
+    """t * factor as NCCL's PreMulSum computes it: the factor rounded to t's
+    dtype (as torch hands it to NCCL), then one correctly rounded product
+    (torch computes 16-bit products in fp32, where they are exact)."""
+    return t * float(torch.tensor(factor, dtype=torch.float64).to(t.dtype))
 
 
 def even_bounds(numel: int, parts: int) -> List[tuple]:

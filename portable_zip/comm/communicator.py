@@ -5,6 +5,7 @@ says (agree.py) and submits the algorithm (collectives.py) or torch's own op
 from __future__ import annotations
 
 import concurrent.futures
+import inspect
 import math
 import numbers
 import threading
@@ -16,13 +17,14 @@ import torch
 import torch.distributed as dist
 
 from .. import codec
-from ..codec import _overlap
-from ..settings import Settings
+from ..codec import overlaps
+from .settings import Settings
 from . import agree, calibration, native
 from . import collectives as coll
-from .collectives import ReduceOp
+from .args import check_args
+from .collectives import REDUCIBLE, ReduceOp
 from .deadline import Deadline
-from .groups import give_up
+from .store import give_up
 from .p2p import PointToPoint
 from .pieces import Call
 from .plans import Plans
@@ -33,10 +35,10 @@ from .transports import fabric
 from .transports.torch import movable
 from .work import Work, Worker, exclusive
 
-# async_op=TORCH_WORK (the pz backend's): async, and an idle native op returns
-# torch's own Work, so the backend adds no thread hop to what torch costs.
-TORCH_WORK = "torch-work"
-_REDUCIBLE = frozenset((torch.bfloat16, torch.float16, torch.float32, torch.float64))
+# An async op called with torch_work=True (the pz backend's): where it runs
+# torch's own collective (an idle native plan) it returns torch's Work itself,
+# so the backend adds no thread hop to what torch costs.
+_TORCH_WORK = object()
 _FP8 = frozenset(d for d in (torch.float8_e4m3fn, torch.float8_e5m2, getattr(torch, "float8_e4m3fnuz", None),
                              getattr(torch, "float8_e5m2fnuz", None)) if d is not None)
 
@@ -64,7 +66,7 @@ class Communicator:
         thread, async ops included (PZ_MAX_SMS; default all). A pz.sm_budget in
         force where an op is called caps it further.
     link_gbps, latency_us, codec_gbps, margin: policy overrides (also PZ_* env vars).
-    Every PZ_* variable is read once, here (portable_zip/settings.py).
+    Every PZ_* variable is read once, here (portable_zip/comm/settings.py).
     """
 
     def __init__(self, group=None, compress: str = "auto", transport: str = "auto", timeout: Optional[float] = None,
@@ -72,18 +74,11 @@ class Communicator:
                  codec_gbps: Optional[float] = None, margin: Optional[float] = None, domains=None,
                  device=None, max_sms: Optional[int] = None):
         self.settings = s = Settings.from_env()
-        if compress not in agree.MODES:
-            raise ValueError(f"compress must be 'auto', 'always' or 'never', got {compress!r}")
-        self.timeout = timeout_of(timeout, s)
-        if transport not in ("auto", "torch", "fabric"):
-            raise ValueError(f"transport must be 'auto', 'torch' (torch.distributed) or 'fabric' (libfabric), "
-                             f"got {transport!r}")
-        if transport == "fabric" and fabric.available():
-            raise RuntimeError(f"transport='fabric' is unavailable: {fabric.available()}")
         max_sms = s.max_sms if max_sms is None else max_sms
-        if max_sms is not None and (isinstance(max_sms, bool) or not isinstance(max_sms, numbers.Integral)
-                                    or max_sms < 1):
-            raise ValueError(f"max_sms must be a positive int or None, got {max_sms!r}")
+        check_args(compress, transport, max_sms)
+        self.timeout = timeout_of(timeout, s)
+        if transport == "fabric" and fabric.unavailable():
+            raise RuntimeError(f"transport='fabric' is unavailable: {fabric.unavailable()}")
         self.max_sms = None if max_sms is None else int(max_sms)
         link_gbps, latency_us, codec_gbps, margin = overrides(
             (_given(link_gbps, s.link_gbps), "link_gbps", link_gbps is None and "PZ_LINK_GBPS"),
@@ -155,7 +150,7 @@ class Communicator:
         by the pz.sm_budget in force on the calling thread. Taken where the op
         is called (isend/irecv: posted) and carried to the worker, where no
         budget is set."""
-        b, m = codec._max_sms(None), self.max_sms or 0
+        b, m = codec.max_sms_in_force(None), self.max_sms or 0
         return min(b, m) if b and m else b or m
 
     def _call(self, sms: int) -> Call:
@@ -173,7 +168,11 @@ class Communicator:
             return None
         return Work(self._worker.submit(lambda: fn(sms)))
 
-    def _drain(self) -> None:
+    def drain(self) -> None:
+        """Post the pending point-to-point group and run every queued op to
+        its end (their errors stay with their Works): what a caller beside
+        the queue (the pz backend, before torch's own op) waits for."""
+        self._flush()
         self._worker.drain()
 
     def _record(self, op, plan, t0, raw, wire, calls: int = 1):
@@ -198,7 +197,7 @@ class Communicator:
         if reduce and t.dtype in _FP8:
             raise TypeError(f"reduction ops are not defined for {t.dtype}: fp8 tensors can be moved "
                             "(send, broadcast, all_gather, all_to_all) but not reduced")
-        if reduce and t.dtype not in _REDUCIBLE:
+        if reduce and t.dtype not in REDUCIBLE:
             raise TypeError(f"reduction ops support bfloat16, float16, float32 and float64 tensors, not {t.dtype}")
 
     def _peer(self, r: int) -> None:
@@ -235,7 +234,7 @@ class Communicator:
     def _native_now(self, op: str, t: torch.Tensor, async_op: bool) -> bool:
         """A blocking collective that runs native: auto then adds only this
         check, the native wait (_await_native) and the stats to what torch costs."""
-        return (not async_op or async_op is TORCH_WORK) and self._native and self._idle_native(op, t)
+        return (not async_op or async_op is _TORCH_WORK) and self._native and self._idle_native(op, t)
 
     def _await_native(self, works, deadline: Deadline, detached: bool = False) -> None:
         """Finish native transfers the way torch.distributed does: on NCCL,
@@ -257,9 +256,9 @@ class Communicator:
 
     def _run_native(self, op: str, start, sent: int, async_op=False):
         """The fast path of _native_now: torch's op and the wait every native
-        plan takes, nothing else (TORCH_WORK: torch's Work, not waited for)."""
+        plan takes, nothing else (_TORCH_WORK: torch's Work, not waited for)."""
         t0 = time.perf_counter()
-        if async_op is TORCH_WORK:
+        if async_op is _TORCH_WORK:
             w = start()
             self._record(op, "native", t0, sent, sent)
             return w
@@ -288,7 +287,8 @@ class Communicator:
         return self._submit(run, async_op)
 
     @exclusive
-    def broadcast(self, t: torch.Tensor, src: int, async_op: bool = False):
+    def broadcast(self, t: torch.Tensor, src: int, async_op: bool = False, *, torch_work: bool = False):
+        async_op = _TORCH_WORK if async_op and torch_work else async_op
         self._check(t, "broadcast tensor")
         self._rank_arg(src, "src")
 
@@ -306,14 +306,16 @@ class Communicator:
         return self._collective("broadcast", t.dtype, t.nbytes, [t.numel(), src], start, sent, algorithm, async_op)
 
     @exclusive
-    def all_gather_single(self, out: torch.Tensor, inp: torch.Tensor, async_op: bool = False):
+    def all_gather_single(self, out: torch.Tensor, inp: torch.Tensor, async_op: bool = False, *,
+                          torch_work: bool = False):
+        async_op = _TORCH_WORK if async_op and torch_work else async_op
         self._check(out, "all_gather output")
         self._check(inp, "all_gather input")
         if out.dtype != inp.dtype or out.numel() != self.world * inp.numel():
             raise ValueError(f"all_gather output must be {inp.dtype} with world_size * input numel = "
                              f"{self.world * inp.numel()} elements, got {out.dtype} with {out.numel()}")
         own = out.data_ptr() + self.rank * inp.nbytes  # where this rank's slot of out starts
-        if _overlap(out, inp) and not (inp.data_ptr() == own or inp.numel() == 0):
+        if overlaps(out, inp) and not (inp.data_ptr() == own or inp.numel() == 0):
             inp = inp.clone()  # overlapping out anywhere but its own slot: receives would overwrite it
 
         def start():
@@ -332,14 +334,16 @@ class Communicator:
     all_gather_into_tensor = all_gather_single
 
     @exclusive
-    def reduce_scatter_single(self, out: torch.Tensor, inp: torch.Tensor, op=ReduceOp.SUM, async_op: bool = False):
+    def reduce_scatter_single(self, out: torch.Tensor, inp: torch.Tensor, op=ReduceOp.SUM, async_op: bool = False, *,
+                              torch_work: bool = False):
+        async_op = _TORCH_WORK if async_op and torch_work else async_op
         op = ReduceOp.of(op)
         self._check(out, "reduce_scatter output", reduce=True)
         self._check(inp, "reduce_scatter input", reduce=True)
         if out.dtype != inp.dtype or inp.numel() != self.world * out.numel():
             raise ValueError(f"reduce_scatter input must be {out.dtype} with world_size * output numel = "
                              f"{self.world * out.numel()} elements, got {inp.dtype} with {inp.numel()}")
-        if _overlap(out, inp):
+        if overlaps(out, inp):
             inp = inp.clone()
 
         def start():
@@ -349,7 +353,7 @@ class Communicator:
             res = coll.reduce_scatter(self.tp, out, inp, op, coded, call)
             return res.raw_bytes, res.wire_bytes, None
         sent = out.nbytes * (self.world - 1)
-        if async_op is TORCH_WORK and self._native_now("reduce_scatter", inp, async_op):
+        if async_op is _TORCH_WORK and self._native_now("reduce_scatter", inp, async_op):
             return self._run_native("reduce_scatter", start, sent, async_op)  # torch's Work, waited as torch's
         # gloo's reduce_scatter ignores wait(timeout): wait on a helper thread.
         return self._collective("reduce_scatter", inp.dtype, inp.nbytes, [inp.numel(), list(ReduceOp).index(op)],
@@ -358,7 +362,8 @@ class Communicator:
     reduce_scatter_tensor = reduce_scatter_single
 
     @exclusive
-    def all_reduce(self, t: torch.Tensor, op=ReduceOp.SUM, async_op: bool = False):
+    def all_reduce(self, t: torch.Tensor, op=ReduceOp.SUM, async_op: bool = False, *, torch_work: bool = False):
+        async_op = _TORCH_WORK if async_op and torch_work else async_op
         op = ReduceOp.of(op)
         self._check(t, "all_reduce tensor", reduce=True)
 
@@ -392,7 +397,7 @@ class Communicator:
         if row != math.prod(out.shape[1:]):
             raise ValueError(f"all_to_all input rows have {row} elements but output rows "
                              f"{math.prod(out.shape[1:])}")
-        if _overlap(out, inp):
+        if overlaps(out, inp):
             inp = inp.clone()  # in place: receives would overwrite rows not yet sent
 
         def run(sms):
@@ -561,6 +566,16 @@ def _settle(fut: concurrent.futures.Future, inner: concurrent.futures.Future) ->
 class _Announced:
     """A pending receive whose tensor the sender's frame sizes (recv_tensor)."""
     max_bytes: Optional[int]
+
+
+def check_options(compress: str, options: dict) -> None:
+    """A hook's Communicator arguments, checked when the hook is made (not
+    at its first collective): compress and the rest of Communicator's."""
+    check_args(compress)
+    try:
+        inspect.signature(Communicator).bind(None, compress, **options)
+    except TypeError as e:
+        raise TypeError(f"a pz hook's options are pz.Communicator's: {e}") from None
 
 
 def _given(arg, setting):

@@ -12,10 +12,10 @@ from typing import List, Sequence
 
 import torch
 
-from .. import _C, _device
+from .. import codec
 from .deadline import Deadline
 from .errors import MismatchError
-from .groups import swap_through_store
+from .store import swap_through_store
 
 
 def device_kind(device: torch.device) -> str:
@@ -28,9 +28,9 @@ def rank_facts(group, device: torch.device, deadline: Deadline, domains=None, li
     """Every rank's {kind, host, build, domains (its domains= argument),
     addr and why (its listening candidate, address.py)}, swapped through the
     job's store (keyed by the private group's unique name)."""
-    build = _device.vendor() if _device.has_code() else "cpu"  # the device code this rank's build can run
+    build = codec.device_vendor() if codec.has_device_code() else "cpu"  # the device code this rank's build can run
     addr, why = (listen.ip, listen.why.replace("|", "/")) if listen is not None else ("", "")
-    me = (f"{device_kind(device)}|{socket.gethostname()}|{build}:{_C.format_version}|{_canonical(domains)}|"
+    me = (f"{device_kind(device)}|{socket.gethostname()}|{build}:{codec.FORMAT_VERSION}|{_canonical(domains)}|"
           f"{addr}|{why}")
     return swap_through_store(group, "facts", me, deadline, "its device facts", parse=parse_facts)
 

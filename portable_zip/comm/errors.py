@@ -1,4 +1,6 @@
-"""Errors raised by the communicator."""
+"""Errors raised by the communicator (MismatchError is the codec's: its
+delta codec raises it too, and an error lives in the lowest layer that raises it)."""
+from ..codec import MismatchError
 
 
 class PeerError(RuntimeError):
@@ -9,5 +11,4 @@ class PeerTimeout(PeerError, TimeoutError):
     """A peer did not answer within the communicator's timeout (dead or hung)."""
 
 
-class MismatchError(ValueError):
-    """The two sides of a transfer disagree on dtype, size or format version."""
+__all__ = ["MismatchError", "PeerError", "PeerTimeout"]

@@ -53,7 +53,7 @@ class Group:
         self.secret = _run_secret(PrefixStore(f"pz/{name}/", store), rank, self.timeout)
         # Differs per run: nobody can write this run's keys ahead of it.
         self.name = name = f"{name}.{self.secret[:6].hex()}"
-        self.store = PrefixStore(f"pz/{name}/", store)  # ours: swaps (groups.py) and the backend's rendezvous
+        self.store = PrefixStore(f"pz/{name}/", store)  # ours: swaps (store.py) and the backend's rendezvous
         self._base = store
         self.device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
         self.pg = _build(PrefixStore(f"pg/{name}/", store), rank, self.ranks, backend, self.timeout, name)

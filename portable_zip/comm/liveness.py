@@ -12,11 +12,11 @@ import time
 from typing import Iterable, List, Sequence
 
 from .. import _C
-from ..settings import Settings
+from .settings import Settings
 from .deadline import Deadline
 from .address import SETTINGS_HINT, Listen
 from .errors import PeerError, PeerTimeout
-from .groups import POLL_S, gave_up, swap_through_store
+from .store import POLL_S, gave_up, swap_through_store
 from .transports.base import Op, Transport
 
 HEARTBEAT_TIMEOUT = 4.0  # PZ_HEARTBEAT_TIMEOUT's default

@@ -33,7 +33,7 @@ from typing import Callable, Deque, Dict, List, Optional
 import torch
 
 from .. import codec
-from .._dtypes import CODE_TO_DTYPE, CODED, code_of
+from ..codec import CODE_TO_DTYPE, CODED, code_of
 from . import agree
 from .agree import describe
 from .deadline import Deadline

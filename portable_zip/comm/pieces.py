@@ -10,7 +10,7 @@ from typing import Dict, List, Optional
 
 import torch
 
-from ..settings import Settings
+from .settings import Settings
 from .deadline import Deadline
 
 PIECE_MIN_BYTES, PIECE_MAX_BYTES = 16 << 20, 128 << 20

@@ -28,8 +28,8 @@ from typing import Dict, List, Optional
 
 import torch
 
-from .. import _C, codec
-from .._dtypes import code_of
+from .. import codec
+from ..codec import code_of
 from . import agree
 from .errors import PeerError
 from .pieces import Call, Plan, Result, Unit, in_wave, piece_elems, units, waves
@@ -67,7 +67,7 @@ def _as_lists(d: Dict[int, object]) -> Dict[int, List[torch.Tensor]]:
 
 
 def _layout(t: torch.Tensor) -> dict:
-    return _C.stream_layout(code_of(t.dtype), t.numel(), [t.numel()])
+    return codec.stream_layout(t)
 
 
 class _Trace:
@@ -166,7 +166,7 @@ class _Exchange:
             bits = int(err.item())
             self.trace("decoded")
             if bits:
-                raise PeerError(f"a peer sent a corrupt stream: {_C.decode_error_text(bits)}")
+                raise PeerError(f"a peer sent a corrupt stream: {codec.decode_error_text(bits)}")
         self.trace.end(tp.rank)
         return self.res
 
@@ -231,7 +231,7 @@ class _Exchange:
         (once for every peer); returns their keys and streams."""
         new = list(dict.fromkeys(u.key for u in wave_out if u.coded and u.key not in self.streams))
         if len(new) == 1:
-            bufs = [codec._compress_padded(self.sources[new[0]], max_sms=self.call.max_sms)]
+            bufs = [codec.compress_padded(self.sources[new[0]], max_sms=self.call.max_sms)]
         else:
             bufs = codec.compress_batch([self.sources[k] for k in new], trim=False,
                                         max_sms=self.max_sms) if new else []
@@ -265,7 +265,7 @@ class _Exchange:
             head = heads[at: at + u.lay["raw_begin"]]
             at += u.lay["raw_begin"]
             try:
-                info = _C.parse_header(head, u.lay["max_total"])
+                info = codec.parse_header(head, u.lay["max_total"])
             except codec.FormatError as e:
                 raise PeerError(f"rank {u.peer} sent an unreadable stream header: {e}") from e
             if info["dtype"] != code_of(u.t.dtype) or info["numel"] != u.t.numel():
@@ -283,7 +283,7 @@ class _Exchange:
                 except codec.FormatError as e:
                     raise PeerError(f"rank {u.peer} sent a corrupt stream: {e}") from e
             else:
-                codec._decode_gpu(stream, *u.head, u.t, err, self.call.max_sms)
+                codec.decode_queued(stream, *u.head, u.t, err, self.call.max_sms)
 
 
 _pinned = threading.local()

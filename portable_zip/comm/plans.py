@@ -10,7 +10,7 @@ from typing import Callable, Dict, List
 
 import torch
 
-from .._dtypes import CODED
+from ..codec import CODED
 from .policy import Policy
 
 _CODED = frozenset(CODED)  # a set: membership is on every op's path

@@ -8,7 +8,7 @@ dtype, updated only from streams every rank sees alike. All inputs that feed
 a decision are agreed across ranks (the slowest rank's figures, and the
 margin), so every rank picks the same plan (the rule: docs/COMM.md).
 Overrides: the Communicator's arguments, or PZ_LINK_GBPS, PZ_LINK_LATENCY_US,
-PZ_CODEC_GBPS, PZ_POLICY_MARGIN (portable_zip/settings.py).
+PZ_CODEC_GBPS, PZ_POLICY_MARGIN (portable_zip/comm/settings.py).
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from typing import Dict, List, Optional
 
 import torch
 
-from .._dtypes import CODED
+from ..codec import CODED
 from .pieces import piece_bytes
 from .transports.base import TransportCosts
 

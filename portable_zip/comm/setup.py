@@ -9,7 +9,7 @@ from typing import Dict, List
 import torch
 import torch.distributed as dist
 
-from ..settings import Settings
+from .settings import Settings
 from . import address
 from . import domains as dom
 from .deadline import Deadline
@@ -118,7 +118,7 @@ def open_transport(group: Group, device: torch.device, transport: str, domains, 
         return Layout(tp, doms, domain_of, True, False, False, all_gpu, f"{lib} via {tp.name} ({why})")
     if transport == "torch":
         raise ValueError(f"domains {doms} need the fabric transport between them; use transport='auto' or 'fabric'")
-    why = fabric.available()
+    why = fabric.unavailable()
     if why:
         raise RuntimeError(f"ranks form {len(doms)} domains {doms} (device kinds: " +
                            ", ".join(sorted({f['kind'] for f in facts})) + "), which only the fabric transport "

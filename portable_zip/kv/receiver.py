@@ -11,7 +11,7 @@ from typing import Optional
 
 import torch
 
-from .. import delta
+from ..codec import delta
 from ..comm import PeerError, PeerTimeout
 from . import link, wire
 from .errors import KVIntegrityError, KVMismatchError, KVTransferError

@@ -10,7 +10,7 @@ from typing import Optional
 
 import torch
 
-from .. import delta
+from ..codec import delta
 from ..comm import PeerError
 from . import link, wire
 from .errors import KVTransferError

@@ -10,8 +10,7 @@ import socket
 import torch
 import torch.distributed as dist
 
-from ..comm.communicator import Communicator
-from ..comm.group import Group
+from ..comm import Communicator, Group
 
 
 def free_port(address: str = "") -> int:

@@ -19,6 +19,7 @@ from typing import Callable, Iterable, Optional, Union
 
 import torch
 
+from ..codec import delta as codec_delta
 from . import plan as P
 from . import wire
 
@@ -74,7 +75,7 @@ class _Engine:
         if not isinstance(bucket_bytes, numbers.Integral) or bucket_bytes < 1:
             raise ValueError(f"bucket_bytes must be a positive int, got {bucket_bytes!r}")
         self.comm, self.bucket_bytes, self.keep_base = comm, int(bucket_bytes), keep_base
-        self.delta, self.max_sms = bool(delta) and wire.delta_codec() is not None, max_sms
+        self.delta, self.max_sms = bool(delta), max_sms
         self.history = collections.deque(maxlen=256)  # stats of the latest parts, newest last
         self.parts = 0
 
@@ -207,8 +208,8 @@ class _Engine:
     @staticmethod
     def _most(part: P.Part, c) -> int:
         """The largest delta stream chunk c's rows can take (what its receive accepts)."""
-        dtype = P.dtype_of(part.meta[c.name][0])
-        return wire.delta_codec().max_encoded_size(P.chunk_bytes(c, part.meta) // dtype.itemsize, dtype)
+        dtype = P.dtype_named(part.meta[c.name][0])
+        return codec_delta.max_encoded_size(P.chunk_bytes(c, part.meta) // dtype.itemsize, dtype)
 
     # Role hooks: the sender's and the receiver's sides of a bucket.
     def _begin(self, part): pass
@@ -312,8 +313,8 @@ class Sender(_Engine):
             cs = self._sums[(c.name, c.g0, c.g1)] = wire.checksum(target)
             return target, FULL, cs
         base = self._slice(self.base[c.name][2], c).to(target.device)  # blocking: the codec may run on its own stream
-        stream = wire.delta_codec().encode(base.reshape(-1), target.reshape(-1), max_sms=self.max_sms)
-        cs = self._sums[(c.name, c.g0, c.g1)] = wire.stream_checksum(stream, target)  # from the stream's header
+        stream = codec_delta.encode(base.reshape(-1), target.reshape(-1), max_sms=self.max_sms)
+        cs = self._sums[(c.name, c.g0, c.g1)] = wire.stream_checksum(stream)  # from the stream's header
         if _corrupt is not None:
             _corrupt(c.name, stream)
         return stream, DELTA, cs
@@ -409,7 +410,7 @@ class Receiver(_Engine):
             dt, shape = part.meta[name]
             old = self.base.get(name)
             if old is None or list(old.shape) != shape or str(old.dtype) != dt:
-                like = torch.empty(shape, dtype=P.dtype_of(dt), device=self.comm.device)
+                like = torch.empty(shape, dtype=P.dtype_named(dt), device=self.comm.device)
                 self.held.pop(name, None)
                 self.base[name] = (wire.pinned_if_cuda(like) if self.keep_base == "cpu" else like)
         self.left = {}
@@ -432,13 +433,12 @@ class Receiver(_Engine):
         """Apply or verify one received chunk; '' when it holds the sender's rows, else why not."""
         kind, _, cs = head
         d = self._dest(part, c)
-        delta = wire.delta_codec()
         if kind == DELTA:
             try:
-                delta.apply(d.reshape(-1), buf.to(d.device), max_sms=self.max_sms)
+                codec_delta.apply(d.reshape(-1), buf.to(d.device), max_sms=self.max_sms)
             except Exception as e:  # noqa: BLE001 - FormatError / BaseMismatch: a full resend follows
                 return f"{type(e).__name__}: {e}"
-            if wire.stream_checksum(buf, None) == cs:
+            if wire.stream_checksum(buf) == cs:
                 return ""  # apply verified the rebuilt tensor against this checksum
         elif buf.data_ptr() != d.data_ptr():
             d.copy_(buf)

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-import portable_zip as pz
+from portable_zip.comm import Communicator
 from portable_zip.weights import Receiver, Sender
 from portable_zip.weights.wire import checksum
 
@@ -22,7 +22,7 @@ def net():
 def run(rank, port, steps):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    comm = pz.Communicator(compress="always", timeout=60)
+    comm = Communicator(compress="always", timeout=60)
     model = net()
     bf16 = {n: p.detach().to(torch.bfloat16) for n, p in model.named_parameters()}
     if rank == 0:

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .._dtypes import CODED
-from ..comm.errors import MismatchError
+from ..codec import CODED
+from ..comm import MismatchError
 
 _DTYPES = {str(d): d for d in (torch.bfloat16, torch.float16, torch.float32, torch.float64, torch.uint8, torch.int8,
                                torch.int16, torch.int32, torch.int64, torch.bool, torch.float8_e4m3fn,
@@ -19,7 +19,7 @@ _DTYPES = {str(d): d for d in (torch.bfloat16, torch.float16, torch.float32, tor
 DELTA_DTYPES = frozenset(str(d) for d in CODED)  # the dtypes the delta codec codes
 
 
-def dtype_of(name: str) -> torch.dtype:
+def dtype_named(name: str) -> torch.dtype:
     if name not in _DTYPES:
         raise MismatchError(f"unknown dtype {name!r} in a weight manifest")
     return _DTYPES[name]
@@ -59,7 +59,7 @@ class Part:
 
 def _entry_meta(rank, e, meta, what):
     name, dt, shape = e["name"], e["dtype"], list(e["shape"])
-    dtype_of(dt)
+    dtype_named(dt)
     have = meta.setdefault(name, (dt, shape, rank))
     if (have[0], have[1]) != (dt, shape):
         raise MismatchError(f"weight {name!r}: rank {have[2]} has {have[0]}{have[1]} but rank {rank}'s {what} "
@@ -153,7 +153,7 @@ def plan_part(manifests: list, bucket_bytes: int) -> Part:
             if not (0 <= a <= b <= n):
                 raise MismatchError(f"rank {dst} asks for rows [{a}, {b}) of {name!r}, which has {n}")
             taken[dst].add(name)
-            row_bytes = max(1, per_row * torch.empty((), dtype=dtype_of(dt)).element_size())
+            row_bytes = max(1, per_row * torch.empty((), dtype=dtype_named(dt)).element_size())
             step = max(1, bucket_bytes // row_bytes)
             for src, g0, g1 in _owners(held, name, a, b, dst):
                 s = held[src][name]
@@ -196,7 +196,7 @@ def _owners(held, name, a, b, dst):
 
 def chunk_bytes(c: Chunk, meta) -> int:
     dt, shape = meta[c.name]
-    return (c.g1 - c.g0) * rows_of(shape)[1] * torch.empty((), dtype=dtype_of(dt)).element_size()
+    return (c.g1 - c.g0) * rows_of(shape)[1] * torch.empty((), dtype=dtype_named(dt)).element_size()
 
 
 def _pack(ids, chunks, meta, bucket_bytes):

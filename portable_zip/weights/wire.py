@@ -1,60 +1,34 @@
-"""What the weight-sync engine needs from the rest of the package: the
-delta codec when it is present, one checksum, and a JSON all_gather over a
+"""What the weight-sync engine needs from the rest of the package: one
+checksum, a delta stream's target checksum, and a JSON all_gather over a
 Communicator (the manifests and the per-bucket status)."""
 from __future__ import annotations
 
-import importlib
 import json
+from typing import Optional
 
 import torch
 
 from .. import codec
-
-
-
-def delta_codec():
-    """portable_zip.delta, or None where this build has no delta codec."""
-    try:
-        return importlib.import_module("portable_zip.delta")
-    except ImportError:
-        return None
+from ..codec import delta
 
 
 def checksum(t: torch.Tensor) -> int:
     """A 64-bit checksum of a contiguous tensor's bytes, the same on CPU and GPU, as a signed int64."""
-    return _signed(_checksum(t))
+    return _signed(int(delta.checksum(t)))
 
 
-def stream_checksum(stream: torch.Tensor, target) -> int:
-    """The target checksum a delta stream's header carries (signed), or target's own where the codec has no inspect."""
-    d = delta_codec()
-    if hasattr(d, "inspect"):
-        try:
-            return _signed(int(d.inspect(stream)["target_checksum"]))
-        except Exception:  # noqa: BLE001 - a damaged header: the checksum below decides
-            pass
-    return checksum(target) if target is not None else 0
+def stream_checksum(stream: torch.Tensor) -> Optional[int]:
+    """The target checksum a delta stream's header carries (signed); None
+    where the header is damaged (the rebuilt tensor's own checksum decides)."""
+    try:
+        return _signed(int(delta.inspect(stream)["target_checksum"]))
+    except ValueError:  # FormatError: a damaged header
+        return None
 
 
 def _signed(h: int) -> int:
     h &= 2**64 - 1
     return h - 2**64 if h >= 2**63 else h
-
-
-def _checksum(t: torch.Tensor) -> int:
-    d = delta_codec()
-    if d is not None:
-        return int(d.checksum(t))
-    # Without the delta codec: the xor and the wrapping sum of the bytes as
-    # 8-byte words (order-blind; the codec's own checks guard the full path).
-    b = t.reshape(-1).view(torch.uint8)
-    if b.numel() % 8:
-        b = torch.cat([b, b.new_zeros(8 - b.numel() % 8)])
-    if not b.numel():
-        return 0
-    w = b.view(torch.int64)
-    x = int(torch.hash_tensor(w).view(torch.int64))
-    return x ^ (int(w.sum()) * 0x9E3779B97F4A7C15)
 
 
 def gather(comm, obj) -> list:

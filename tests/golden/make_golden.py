@@ -14,8 +14,8 @@ import numpy as np
 import torch
 
 import portable_zip as pz
-from portable_zip import reference as ref
-from portable_zip._dtypes import code_of
+from portable_zip.codec import reference as ref
+from portable_zip.codec.dtypes import code_of
 
 HERE = Path(__file__).resolve().parent
 

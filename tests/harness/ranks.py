@@ -19,6 +19,24 @@ import torch.multiprocessing as mp
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 
+def ok(results: dict) -> dict:
+    """Each rank's value from a run's results ({rank: ("ok", value) | (status, why)});
+    any rank that did not end "ok" fails the test, every such rank named."""
+    bad = {r: v for r, v in results.items() if v[0] != "ok"}
+    assert not bad, "\n".join(f"rank {r}: {s}: {v}" for r, (s, v) in bad.items())
+    return {r: v[1] for r, v in results.items()}
+
+
+def device() -> torch.device:
+    """A rank's tensors' device: cuda (current) on NCCL groups, cpu on gloo;
+    PZ_TEST_DEVICES ("cuda,cpu,...", one per rank) puts ranks of a gloo job
+    on GPUs (mixed-cluster tests)."""
+    spec = os.environ.get("PZ_TEST_DEVICES")
+    if spec:
+        return torch.device("cuda", 0) if spec.split(",")[dist.get_rank()] == "cuda" else torch.device("cpu")
+    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+
+
 def free_port() -> int:
     """A free TCP port on loopback for a local process group."""
     with socket.socket() as s:

@@ -3,7 +3,7 @@ Python posts whole transfers and waits; chunking, rails, staging through
 pinned host memory and the progress thread are C++. Sized: a coded stream
 travels as one message whose length the engines learn from the codec's size
 field. Settings (PZ_FABRIC_*, the same on every rank; the engine checks):
-portable_zip/settings.py."""
+portable_zip/comm/settings.py."""
 from __future__ import annotations
 
 import os
@@ -11,12 +11,12 @@ from typing import List, Optional, Sequence
 
 import torch
 
-from ... import _C, _device
-from ...settings import Settings
+from ... import _C, codec
+from ..settings import Settings
 from .. import address
 from ..deadline import Deadline
 from ..errors import MismatchError, PeerError, PeerTimeout
-from ..groups import swap_through_store
+from ..store import swap_through_store
 from .base import RECV, RECV_SIZED, SEND, SEND_SIZED, Op, Transport, TransportCosts, as_bytes
 
 _HOST = torch.device("cpu")
@@ -30,7 +30,7 @@ _KIND = {SEND: 0, RECV: 1, SEND_SIZED: 2, RECV_SIZED: 3}  # the engine's op code
 FABRIC_COSTS = TransportCosts(coll_rounds=2, second_phase_rounds=1, host_exchange_s=2e-3)
 
 
-def available() -> str:
+def unavailable() -> str:
     """"" when this build has the engine and libfabric loads, else why not."""
     return _C.fabric_probe()
 
@@ -43,7 +43,7 @@ class FabricTransport(Transport):
 
     def __init__(self, group, device: torch.device, settings: Settings, same_host: bool, bind: Optional[str] = None):
         """bind: the address to listen on (address.py's choice); None: PZ_IFACE's, else libfabric's."""
-        why = available()
+        why = unavailable()
         if why:
             raise RuntimeError(f"transport='fabric' is unavailable: {why}")
         self.group = group
@@ -52,7 +52,7 @@ class FabricTransport(Transport):
         if device.type == "cpu":
             os.environ.setdefault("FI_HMEM", "system")  # a CPU rank: libfabric leaves CUDA/ROCr alone
         else:
-            _device.require()  # the engine's staging copies use the vendor runtime
+            codec.load_device_code()  # the engine's staging copies use the vendor runtime
         if bind is None:
             bind = address.iface_ip(settings.iface, settings.iface_var)[0] if settings.iface else ""
         if settings.port_range:  # read once per process, by libfabric's tcp provider (rxm's connections)
