@@ -16,7 +16,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from .. import _C
+import portable_zip._C as _C
 from . import device as _device
 
 _SLOTS = 4096

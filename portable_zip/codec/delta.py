@@ -15,7 +15,7 @@ from typing import Optional
 
 import torch
 
-from .. import _C
+import portable_zip._C as _C
 from . import device as _device
 from .dtypes import CODED, code_of, dtype_of
 from .errors import FormatError, MismatchError

@@ -11,7 +11,7 @@ import warnings
 
 import torch
 
-from .. import _C
+import portable_zip._C as _C
 
 CODE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "device")
 _loaded = None  # the vendor whose runtime loaded

@@ -1,5 +1,5 @@
 """Errors the codec raises, shared with the layers above (comm re-exports them)."""
-from .. import _C
+import portable_zip._C as _C
 
 FormatError = _C.FormatError  # a stream is malformed, truncated or corrupt (a ValueError)
 

@@ -12,7 +12,7 @@ from typing import Iterator, Optional, Sequence
 import torch
 
 try:
-    from .. import _C
+    import portable_zip._C as _C  # absolute: the binding, not the package face
 except ImportError as e:  # imported from a source checkout that has no built extension
     raise ImportError("portable_zip's compiled extension is missing: install the package (pip install .) and "
                       "import it from outside the source tree (or run python -P)") from e

@@ -17,7 +17,7 @@ import socket
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
-from .. import _C
+import portable_zip._C as _C
 from .settings import Settings
 
 SETTINGS_HINT = "set PZ_IFACE (or GLOO_SOCKET_IFNAME) on every host to the interface its peers reach it through"

@@ -11,7 +11,7 @@ import re
 import time
 from typing import Iterable, List, Sequence
 
-from .. import _C
+import portable_zip._C as _C
 from .settings import Settings
 from .deadline import Deadline
 from .address import SETTINGS_HINT, Listen

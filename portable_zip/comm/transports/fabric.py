@@ -11,7 +11,9 @@ from typing import List, Optional, Sequence
 
 import torch
 
-from ... import _C, codec
+import portable_zip._C as _C
+
+from ... import codec
 from ..settings import Settings
 from .. import address
 from ..deadline import Deadline
