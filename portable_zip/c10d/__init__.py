@@ -8,32 +8,14 @@ is: see portable_zip_autoload). One line switches a program over:
 docs/DROPIN.md says which ops compress and which are forwarded."""
 from __future__ import annotations
 
-import sys
-
 import torch.distributed as dist
 
 from .options import Options
-from .process_group import ProcessGroupPZ
+from .process_group import KINDS, ProcessGroupPZ
 from .report import stats
 from .torch_work import TorchWork
 
 NAME = "pz"
-_ALL = ("cpu", "cuda")  # on ROCm torch, "cuda" is HIP: RCCL inside
-
-
-def _mapped_devices() -> tuple:
-    """The device kinds the group being made maps to pz. torch hands a
-    Python ProcessGroup every device kind, so under "cpu:gloo,cuda:pz" the
-    CPU's ops must be forwarded untouched: the map is torch's backend
-    config, read from the frame that is making the group (all kinds when
-    torch's internals differ)."""
-    f = sys._getframe(2)
-    while f is not None:
-        cfg = f.f_locals.get("backend_config")
-        if cfg is not None and hasattr(cfg, "get_device_backend_map"):
-            return tuple(d for d, b in cfg.get_device_backend_map().items() if str(b) == NAME)
-        f = f.f_back
-    return _ALL
 
 
 def _create(dist_opts, options):
@@ -45,13 +27,13 @@ def _create(dist_opts, options):
         options = default.options if isinstance(default, ProcessGroupPZ) else None
     ranks = list(dist_opts.global_ranks_in_group) or list(range(dist_opts.group_size))
     return ProcessGroupPZ(dist_opts.store, dist_opts.group_rank, ranks, dist_opts.timeout.total_seconds(),
-                          str(dist_opts.group_id), options, _mapped_devices())
+                          str(dist_opts.group_id), options)
 
 
 def register() -> None:
     """Backend.register_backend("pz", ...) once per process."""
     if NAME.upper() not in dist.Backend._plugins:
-        dist.Backend.register_backend(NAME, _create, extended_api=True, devices=list(_ALL))
+        dist.Backend.register_backend(NAME, _create, extended_api=True, devices=list(KINDS))
 
 
 register()

@@ -33,6 +33,7 @@ _R = dist.ReduceOp.RedOpType
 _GLOO_REDUCES = frozenset((torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.uint8, torch.int8,
                            torch.int32, torch.int64, torch.bool, torch.complex64, torch.complex128))
 _KIND = {"gloo": dist.ProcessGroup.BackendType.GLOO, "nccl": dist.ProcessGroup.BackendType.NCCL}
+KINDS = ("cpu", "cuda")  # the device kinds pz serves (on ROCm torch, "cuda" is HIP: RCCL inside)
 
 
 def _dense(t) -> bool:
@@ -139,16 +140,17 @@ def _first(args) -> Optional[torch.Tensor]:
 class ProcessGroupPZ(dist.ProcessGroup):
     """Made by torch.distributed (init_process_group / new_group with backend
     "pz"); devices: the device kinds mapped to pz (others are forwarded as
-    they are, e.g. CPU tensors under "cpu:gloo,cuda:pz")."""
+    they are, e.g. CPU tensors under "cpu:gloo,cuda:pz"); None: torch's
+    backend config for this group says, read at its first op."""
 
     def __init__(self, store, rank: int, ranks: List[int], timeout: float, name: str,
-                 options: Optional[Options] = None, devices=("cpu", "cuda")):
+                 options: Optional[Options] = None, devices=None):
         super().__init__(rank, len(ranks))
         self.options = options = options if options is not None else Options()
         s = Settings.from_env()
         self.timeout = timeout_of(options.timeout if options.timeout is not None else
                                   (s.timeout if s.timeout is not None else timeout), s)
-        self.devices = frozenset(devices)
+        self._devices = None if devices is None else frozenset(devices)
         self._report = s.stats  # PZ_STATS=1: a summary line at shutdown
         self._name = name
         self._inner: Dict[str, Group] = {}
@@ -181,11 +183,23 @@ class ProcessGroupPZ(dist.ProcessGroup):
                            for d in (("up", "down") if g.backend == "nccl" else ("",)))
             self._p2ps[kind] = P2P(groups, self._compresses(kind, options.compress), self.timeout,
                                    options.max_sms or 0)
-        if "cpu" in self.devices:
-            # Made now, with every rank here: never raced by a first op on
-            # another thread. A GPU kind's waits for its first op, after the
-            # program has picked its GPU (torch.cuda.set_device).
-            self._comm(torch.device("cpu"))
+
+    @property
+    def devices(self) -> frozenset:
+        """The device kinds mapped to pz. torch hands a Python ProcessGroup
+        every kind, and tells the map only once the group is made
+        (dist.get_backend_config: "cpu:pz,cuda:pz", "cpu:gloo,cuda:pz"), so
+        it is read at the first op; a group made outside torch's registry
+        serves every kind."""
+        if self._devices is None:
+            try:
+                cfg = dist.get_backend_config(self)
+            except (ValueError, TypeError, AssertionError, RuntimeError):  # not in torch's registry
+                return frozenset(KINDS)
+            pairs = [p.split(":") for p in cfg.split(",")]
+            self._devices = frozenset(KINDS) if len(pairs) == 1 and len(pairs[0]) == 1 else \
+                frozenset(p[0] for p in pairs if len(p) == 2 and p[1] == "pz")
+        return self._devices
 
     def name(self) -> str:
         return "pz"
@@ -203,6 +217,10 @@ class ProcessGroupPZ(dist.ProcessGroup):
         kind = device.type
         if kind not in self.devices or self._closed:
             return None
+        if kind != "cpu" and "cpu" in self.devices and "cpu" not in self._comms:
+            # The CPU's first, whatever op comes first: every rank makes its
+            # Communicators in one order, whichever thread posts first.
+            self._comm(torch.device("cpu"))
         c = self._comms.get(kind)
         if c is None:
             parent = self._inner.get(kind, self._inner["cpu"])
