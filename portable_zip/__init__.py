@@ -61,7 +61,8 @@ from .codec import (  # noqa: E402
 )
 from . import ops  # noqa: E402,F401  (registers torch.ops.portable_zip.*)
 from .codec import delta  # noqa: E402,F401  (pz.delta: lossless weight deltas)
-from .comm import Communicator, MismatchError, PeerError, PeerTimeout, ReduceOp, Work  # noqa: E402
+from .codec import MismatchError  # noqa: E402
+from .comm import Communicator, PeerError, PeerTimeout, ReduceOp, Work  # noqa: E402
 from . import c10d  # noqa: E402,F401  (registers the "pz" torch.distributed backend)
 from .c10d import stats  # noqa: E402  (what the pz backend moved, per group and op)
 from . import fsdp  # noqa: E402,F401  (pz.fsdp.AllGather / ReduceScatter: FSDP2's custom collectives)

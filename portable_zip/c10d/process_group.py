@@ -20,8 +20,9 @@ import torch.distributed as dist
 from torch._C import _distributed_c10d as c10d
 
 from ..codec import overlaps
-from ..comm import (REDUCIBLE, Communicator, Deadline, Group, MismatchError, ReduceOp, Settings,
-                    swap_through_store, timeout_of)
+from ..codec import MismatchError
+from ..comm import (REDUCIBLE, Communicator, Deadline, Group, ReduceOp, Settings, swap_through_store,
+                    timeout_of)
 from . import report, torch_work
 from .options import Options
 from .order import Backward, Running

@@ -11,4 +11,4 @@ class PeerTimeout(PeerError, TimeoutError):
     """A peer did not answer within the communicator's timeout (dead or hung)."""
 
 
-__all__ = ["MismatchError", "PeerError", "PeerTimeout"]
+__all__ = ["MismatchError", "PeerError", "PeerTimeout"]  # MismatchError: for comm's own modules

@@ -1,5 +1,6 @@
 """Errors of KV transfers: each names the request it failed."""
-from ..comm import MismatchError, PeerError
+from ..codec import MismatchError
+from ..comm import PeerError
 
 
 class KVTransferError(PeerError):

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from ..codec import CODED
-from ..comm import MismatchError
+from ..codec import MismatchError
 
 _DTYPES = {str(d): d for d in (torch.bfloat16, torch.float16, torch.float32, torch.float64, torch.uint8, torch.int8,
                                torch.int16, torch.int32, torch.int64, torch.bool, torch.float8_e4m3fn,
