@@ -19,8 +19,7 @@ import torch
 import torch.distributed as dist
 from torch._C import _distributed_c10d as c10d
 
-from ..codec import overlaps
-from ..codec import MismatchError
+from ..codec import MismatchError, overlaps
 from ..comm import (REDUCIBLE, Communicator, Deadline, Group, ReduceOp, Settings, swap_through_store,
                     timeout_of)
 from . import report, torch_work

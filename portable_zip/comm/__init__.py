@@ -17,11 +17,11 @@ from .communicator import Communicator, check_options, overrides
 from .deadline import Deadline
 from .errors import PeerError, PeerTimeout
 from .group import Group
-from .store import swap_through_store
 from .p2p import PointToPoint
 from .settings import Settings
 from .setup import group_for, timeout_of
 from .stats import merged
+from .store import swap_through_store
 from .transports.base import Transport
 from .transports.torch import TorchDistTransport
 from .work import Work

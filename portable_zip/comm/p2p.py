@@ -129,8 +129,6 @@ class PointToPoint:
 
     def irecv(self, t: torch.Tensor, peer: int, tag: int = 0, group: int = 0,
               max_sms: Optional[int] = None) -> concurrent.futures.Future:
-        if not t.is_contiguous():
-            raise ValueError("pz p2p: recv needs a contiguous tensor")
         return self._post("recv", t, peer, tag, group, max_sms)
 
     def irecv_new(self, device: torch.device, peer: int, tag: int = 0, group: int = 0,

@@ -66,10 +66,6 @@ def _as_lists(d: Dict[int, object]) -> Dict[int, List[torch.Tensor]]:
     return out
 
 
-def _layout(t: torch.Tensor) -> dict:
-    return codec.stream_layout(t)
-
-
 class _Trace:
     """PZ_TRACE=1: each exchange's host timeline (µs since its start) on stderr."""
 
@@ -107,7 +103,7 @@ class _Exchange:
         pair = {p: plan if isinstance(plan, Plan) else plan[p] for p in peers}
 
         def coded_of(ts, p):
-            return [pair[p].coded and _layout(t)["coded"] for t in ts]
+            return [pair[p].coded and codec.stream_layout(t)["coded"] for t in ts]
 
         def pieces_of(ts, coded):
             return [piece_elems(t.numel(), t.element_size(), s.piece_bytes) if c else 0 for t, c in zip(ts, coded)]
@@ -182,7 +178,7 @@ class _Exchange:
                 u.buf = self.streams[u.key]
                 ops.append((SEND_SIZED, u.buf, u.peer))
             else:
-                u.buf, u.lay = self.streams[u.key], _layout(u.t)
+                u.buf, u.lay = self.streams[u.key], codec.stream_layout(u.t)
                 ops += [(SEND, u.buf[u.lay["raw_begin"]: u.lay["raw_end"]], u.peer),
                         (SEND, u.buf[: u.lay["raw_begin"]], u.peer)]
         for u in wave_in:
@@ -244,7 +240,7 @@ class _Exchange:
             return
         caps = []
         for u in us:
-            u.lay = _layout(u.t)
+            u.lay = codec.stream_layout(u.t)
             caps.append(-(-u.lay["max_total"] // 16) * 16)
         flat = torch.empty(sum(caps), dtype=torch.uint8, device=self.tp.device)
         at = 0

@@ -23,7 +23,6 @@ from ..codec import delta as codec_delta
 from . import plan as P
 from . import wire
 
-FULL, DELTA = 0, 1
 # Test hook: called as _corrupt(name, stream) on each delta stream before it is sent.
 _corrupt: Optional[Callable] = None
 
@@ -158,7 +157,7 @@ class _Engine:
         # announced size and no header round goes ahead of the bytes.
         sums, got = {}, {}
         for c in out:
-            sums.setdefault(c.dst, []).append(made[(c.name, c.g0, c.g1, c.delta)][2])
+            sums.setdefault(c.dst, []).append(made[(c.name, c.g0, c.g1, c.delta)][1])
         for c in inc:
             got.setdefault(c.src, []).append(c)
         works = [comm.isend(torch.tensor(v, dtype=torch.int64, device=comm.device), d) for d, v in sums.items()]
@@ -174,10 +173,9 @@ class _Engine:
             w.wait()
         recvs = [(c, b.result() if c.delta else b) for c, b in landing]
         want = {c.id: cs for s, cs_of in got.items() for c, cs in zip(cs_of, bufs[s].tolist())}
-        head = {c.id: [DELTA if c.delta else FULL, buf.nbytes, want[c.id]] for c, buf in recvs}
         st["received_bytes"] += sum(buf.nbytes for _, buf in recvs)
         # 2. apply and verify
-        failed = [[c.id, why] for c, buf in recvs for why in [self._land(part, c, buf, head[c.id])] if why]
+        failed = [[c.id, why] for c, buf in recvs for why in [self._land(part, c, buf, c.delta, want[c.id])] if why]
         st["raw_bytes"] += sum(P.chunk_bytes(c, part.meta) for c in out + inc)  # a rank sends or receives
         # 3. status: every rank learns which chunks failed; those travel full again now
         fails = [f for r in wire.gather(comm, failed) for f in r]
@@ -196,7 +194,7 @@ class _Engine:
         for w in works:
             w.wait()
         still = [[c.id, why] for c, buf in again
-                 for why in [self._land(part, c, buf, [FULL, 0, head[c.id][2]])] if why]
+                 for why in [self._land(part, c, buf, False, want[c.id])] if why]
         still = [f for r in wire.gather(comm, still) for f in r]
         if still:
             i, why = still[0]
@@ -311,13 +309,13 @@ class Sender(_Engine):
         target = self._full(c)
         if not c.delta:
             cs = self._sums[(c.name, c.g0, c.g1)] = wire.checksum(target)
-            return target, FULL, cs
+            return target, cs
         base = self._slice(self.base[c.name][2], c).to(target.device)  # blocking: the codec may run on its own stream
         stream = codec_delta.encode(base.reshape(-1), target.reshape(-1), max_sms=self.max_sms)
         cs = self._sums[(c.name, c.g0, c.g1)] = wire.stream_checksum(stream)  # from the stream's header
         if _corrupt is not None:
             _corrupt(c.name, stream)
-        return stream, DELTA, cs
+        return stream, cs
 
     def _landing(self, part, c):
         raise AssertionError("a sender receives no chunks")
@@ -429,11 +427,11 @@ class Receiver(_Engine):
             return d
         return torch.empty(d.shape, dtype=d.dtype, device=self.comm.device)
 
-    def _land(self, part, c, buf, head):
-        """Apply or verify one received chunk; '' when it holds the sender's rows, else why not."""
-        kind, _, cs = head
+    def _land(self, part, c, buf, delta: bool, cs: int):
+        """Apply (delta: buf is a delta stream) or verify one received chunk against the
+        sender's target checksum cs; '' when it holds the sender's rows, else why not."""
         d = self._dest(part, c)
-        if kind == DELTA:
+        if delta:
             try:
                 codec_delta.apply(d.reshape(-1), buf.to(d.device), max_sms=self.max_sms)
             except Exception as e:  # noqa: BLE001 - FormatError / BaseMismatch: a full resend follows
