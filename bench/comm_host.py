@@ -20,7 +20,6 @@ import cProfile
 import json
 import os
 import pstats
-import socket
 import statistics
 import sys
 import time
@@ -31,12 +30,7 @@ import torch.multiprocessing as mp
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/pzbench, under python -P too
 from pzbench.common import machine_info  # noqa: E402
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
+from harness.ranks import free_port  # noqa: E402  (on sys.path through pzbench)
 
 def _median_us(fn, reps: int, sync, clock=time.perf_counter) -> float:
     """Median µs per call on clock: wall time, or time.thread_time for this thread's CPU time (its host work
@@ -148,7 +142,7 @@ def main() -> None:
     a = ap.parse_args()
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_rank, args=(r, 2, port, a.device, a.reps, q)) for r in range(2)]
     for p in procs:
         p.start()

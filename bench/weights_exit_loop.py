@@ -26,7 +26,6 @@ import argparse
 import collections
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -99,14 +98,11 @@ def rank_main(rank: int, world: int, port: int, case: str, close: bool, compress
     # then an ordinary exit, as a user's script ends
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def one_run(world: int, case: str, close: bool, compress: str, timeout: float = 120.0) -> dict:
     """One job of `world` ranks: per rank its exit status, its RESULT line, and whether it aborted."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+    from harness.ranks import free_port  # the tests' held port (no other socket takes it before the store binds)
+
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     procs = [subprocess.Popen([sys.executable, "-P", os.path.abspath(__file__), "--rank", str(r), "--world",

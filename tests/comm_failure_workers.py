@@ -23,7 +23,6 @@ import datetime
 import os
 import pickle
 import signal
-import socket
 import sys
 import tempfile
 import time
@@ -32,7 +31,7 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
-from harness.ranks import device
+from harness.ranks import device, free_port
 
 OPS = ["send_recv", "isend_batch", "broadcast", "all_reduce", "all_gather", "reduce_scatter", "all_to_all"]
 STAT_NAME = {"send_recv": "recv", "isend_batch": "recv", "broadcast": "broadcast", "all_reduce": "all_reduce",
@@ -509,12 +508,6 @@ def _child(sc: Scenario, rank: int, port: int, backend: str, piddir: str, resdir
         os.rename(tmp, os.path.join(resdir, f"{rank}.res"))
     finally:
         os._exit(0)  # skip process-group teardown, which can block when a peer is gone
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _group_alive(pgid):

@@ -3,6 +3,7 @@ multi-process harness, which the communication benchmarks (bench/pzbench)
 use too."""
 from __future__ import annotations
 
+import collections
 import ctypes
 import datetime
 import os
@@ -37,11 +38,25 @@ def device() -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
 
 
+# Ports handed out, each still bound (SO_REUSEADDR, never listening) so that no other
+# socket on the host takes it before the rank's store binds it: the kernel skips a
+# bound port when it picks one for bind(0) or connect(). The store's own bind also
+# sets SO_REUSEADDR (libuv and torch's socket both do), so it binds through the hold.
+# The oldest hold goes once 64 newer ones exist, long after its store bound.
+_HELD = collections.deque(maxlen=64)
+
+
 def free_port() -> int:
-    """A free TCP port on loopback for a local process group."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port on loopback for a local process group's store, held so that
+    nothing else takes it between now and the store's bind (a CI run failed on
+    EADDRINUSE when another job's ephemeral socket got the port in that gap)."""
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", 0))
+    if len(_HELD) == _HELD.maxlen:
+        _HELD[0].close()
+    _HELD.append(s)
+    return s.getsockname()[1]
 
 
 def _entry(rank, world, port, environ, backend, pg_timeout, fn, args, queue):
