@@ -1,7 +1,9 @@
 """Per-op overhead of the "pz" torch.distributed backend against torch's own
 backend (gloo), two CPU ranks on this machine, 4 KiB tensors: the same
 dist.* call on a "pz" group (compress="auto": small ops run torch's own op)
-and on a plain gloo group, interleaved, median wall time per blocking call.
+and on a plain gloo group, interleaved: median wall time per blocking call,
+and median CPU time of the calling thread (time.thread_time: the host work a
+call costs, without the time it sleeps waiting for the wire).
 
     python3 -P bench/backend_overhead.py --out bench/results/cpu-backend-overhead.json
 """
@@ -10,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import sys
 import time
@@ -21,6 +22,7 @@ import torch.multiprocessing as mp
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/pzbench, under python -P too
 from pzbench.common import machine_info  # noqa: E402
+from harness.ranks import free_port  # noqa: E402  (on sys.path through pzbench)
 
 
 def _ops(world, rank):
@@ -44,15 +46,50 @@ def _ops(world, rank):
     }
 
 
+class _Forward(dist.ProcessGroup):
+    """The floor of any Python backend: each op handed to a gloo group as it
+    is, with nothing else (what torch's dispatch into Python costs)."""
+
+    def __init__(self, inner):
+        super().__init__(inner.rank(), inner.size())
+        self.inner = inner
+
+    def name(self):
+        return "forward"
+
+    def allreduce(self, tensors, opts):
+        return self.inner.allreduce(tensors, opts)
+
+    def broadcast(self, tensors, opts):
+        return self.inner.broadcast(tensors, opts)
+
+    def all_gather_single(self, out, inp, opts):
+        return self.inner.all_gather_single(out, inp, opts)
+
+    def reduce_scatter_single(self, out, inp, opts):
+        return self.inner.reduce_scatter_single(out, inp, opts)
+
+    _allgather_base, _reduce_scatter_base = all_gather_single, reduce_scatter_single
+
+    def send(self, tensors, dst, tag):
+        return self.inner.send(tensors, dst, tag)
+
+    def recv(self, tensors, src, tag):
+        return self.inner.recv(tensors, src, tag)
+
+
 def _rank(rank, world, port, iters, q):
     import portable_zip  # noqa: F401
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     torch.set_num_threads(1)
     ref = dist.new_group(backend="gloo")
     pz = dist.new_group(backend="pz")
+    other = dist.new_group(backend="gloo")
+    dist.Backend.register_backend("forward", lambda store, r, w, timeout: _Forward(other), devices=["cpu"])
+    fwd = dist.new_group(backend="forward")
     res = {}
     ops = _ops(world, rank)
-    for g in (ref, pz):
+    for g in (ref, pz, fwd):
         for fn in ops.values():
             for _ in range(20):
                 fn(g)  # warm-up (pz: the Communicator's construction and calibration)
@@ -60,22 +97,27 @@ def _rank(rank, world, port, iters, q):
     # backend's Python alone is pz minus this, whatever the group's threads cost.
     inner = pz.communicator("cpu").group
     t = torch.randn(2048).bfloat16()
-    arms = {"gloo": lambda f: f(ref), "pz": lambda f: f(pz)}
+    arms = {"gloo": lambda f: f(ref), "pz": lambda f: f(pz), "forward": lambda f: f(fwd)}
     for name, fn in ops.items():
         times = {k: [] for k in list(arms) + (["inner"] if name == "all_reduce" else [])}
+        cpu = {k: [] for k in times}
         for i in range(iters):
             order = list(times) if i % 2 else list(reversed(times))  # neither arm always goes first
             for key in order:
                 dist.barrier(group=ref)
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.thread_time()
                 if key == "inner":
                     inner.all_reduce(t, dist.ReduceOp.SUM).wait()
                 else:
                     arms[key](fn)
+                cpu[key].append(time.thread_time() - c0)
                 times[key].append(time.perf_counter() - t0)
         med = {k: statistics.median(v) * 1e6 for k, v in times.items()}
+        cmed = {k: statistics.median(v) * 1e6 for k, v in cpu.items()}
         res[name] = {"gloo_us": round(med["gloo"], 1), "pz_us": round(med["pz"], 1),
                      "overhead_us": round(med["pz"] - med["gloo"], 1),
+                     "gloo_cpu_us": round(cmed["gloo"], 1), "pz_cpu_us": round(cmed["pz"], 1),
+                     "forward_us": round(med["forward"], 1), "forward_cpu_us": round(cmed["forward"], 1),
                      "pz_plans": {k: dict(v["plans"]) for k, v in pz.stats.get("cpu", {}).items()}}
         if "inner" in med:
             res[name]["pz_private_group_direct_us"] = round(med["inner"], 1)
@@ -88,9 +130,7 @@ def main():
     ap.add_argument("--iters", type=int, default=400)
     ap.add_argument("--out")
     a = ap.parse_args()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     ps = [ctx.Process(target=_rank, args=(r, 2, port, a.iters, q)) for r in range(2)]
@@ -100,16 +140,23 @@ def main():
     for p in ps:
         p.join(60)
     rows = {op: {"gloo_us": max(got[r][op]["gloo_us"] for r in got), "pz_us": max(got[r][op]["pz_us"] for r in got),
+                 "gloo_cpu_us": max(got[r][op]["gloo_cpu_us"] for r in got),
+                 "pz_cpu_us": max(got[r][op]["pz_cpu_us"] for r in got),
+                 "forward_cpu_us": max(got[r][op]["forward_cpu_us"] for r in got),
                  "pz_private_group_direct_us": max(got[r][op].get("pz_private_group_direct_us", 0) for r in got),
                  "plans": got[0][op]["pz_plans"].get(op.split("/")[0].replace("_tensor", "").replace(
                      "_into", ""), {})} for op in got[0]}
     for op, r in rows.items():
         r["overhead_us"] = round(r["pz_us"] - r["gloo_us"], 1)
+        r["cpu_overhead_us"] = round(r["pz_cpu_us"] - r["gloo_cpu_us"], 1)
+        r["forward_cpu_overhead_us"] = round(r["forward_cpu_us"] - r["gloo_cpu_us"], 1)
         print(f"{op:24s} gloo {r['gloo_us']:8.1f} us   pz {r['pz_us']:8.1f} us   +{r['overhead_us']:6.1f} us  "
+              f"thread CPU gloo {r['gloo_cpu_us']:6.1f} pz {r['pz_cpu_us']:6.1f} +{r['cpu_overhead_us']:5.1f} us "
+              f"(a bare Python forwarder +{r['forward_cpu_overhead_us']:5.1f})  "
               f"(pz's private group direct {r['pz_private_group_direct_us']:.1f} us)  {r['plans']}")
     if a.out:
         doc = {"what": "per-op overhead of the pz backend vs gloo, 2 CPU ranks, 4 KiB bf16, median of blocking calls "
-                       "(the slower rank's)", "command": " ".join([sys.executable, "-P"] + sys.argv),
+                       "(the slower rank's): wall, and the calling thread's CPU time", "command": " ".join([sys.executable, "-P"] + sys.argv),
                "machine": machine_info(), "date": time.strftime("%Y-%m-%d %H:%M:%S"), "iters": a.iters, "ops": rows}
         with open(a.out, "w") as f:
             json.dump(doc, f, indent=1)

@@ -408,3 +408,42 @@ def torch_paths(rank, world, seed):
     out.append(len(g._running) <= 2)
     out.append(g.name())
     return out
+
+
+def thin_native(rank, world, seed):
+    """Ops that auto sends native, with nothing queued, take the backend's
+    thin path: the Communicator's own op is never entered (here it raises),
+    and the bytes equal gloo's. Returns (checks, mismatches, native plans)."""
+    g = dist.new_group(backend="pz", pg_options=Options(compress="auto"))
+    ref = dist.new_group(backend="gloo")
+    dist.all_reduce(torch.zeros(8), group=g)  # makes the CPU Communicator (the full path)
+    c = g.communicator("cpu")
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the Communicator's own op ran: the thin path was not taken")
+    for name in ("all_reduce", "broadcast", "all_gather_single", "reduce_scatter_single"):
+        setattr(c, name, refuse)  # instance attributes shadow the methods
+    check, case = Checker(), 0
+    R = dist.ReduceOp
+    for dtype in REDUCED:
+        for numel in (world * 5, world * 1000 + world):
+            for op in (R.SUM, R.MAX, R.MIN):
+                for async_op in (False, True):
+                    case += 1
+                    outs = []
+                    for grp in (g, ref):
+                        t = data(seed, rank, case, numel, dtype)
+                        w = dist.all_reduce(t, op=op, group=grp, async_op=async_op)
+                        if async_op:
+                            w.wait()
+                        o = torch.empty(numel // world, dtype=dtype)
+                        dist.reduce_scatter_tensor(o, data(seed, rank, case + 1000, numel, dtype), op=op, group=grp)
+                        b = data(seed, rank, case + 2000, numel, dtype)
+                        dist.broadcast(b, case % world, group=grp)
+                        a = torch.empty(world * numel, dtype=dtype)
+                        dist.all_gather_into_tensor(a, data(seed, rank, case + 3000, numel, dtype), group=grp)
+                        outs.append((t, o, b, a))
+                    for what, x, y in zip(("all_reduce", "reduce_scatter", "broadcast", "all_gather"), *outs):
+                        check(same(x, y), f"{what} {dtype} n={numel} {op} async={async_op}")
+    plans = {op: dict(s["plans"]) for op, s in c.stats.items()}
+    return check.n, check.bad, plans

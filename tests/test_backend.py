@@ -117,6 +117,18 @@ def test_torch_paths_layouts_and_forwarded_ops():
         assert v == [True, True, True, True, True, True, True, "pz"], (seed, r, v)
 
 
+def test_native_ops_take_the_thin_path_with_gloos_bytes():
+    """PZ_CHECK_PLANS=0 (users' default; with it on every op agrees its spec
+    on the full path) and a codec said to be slow, so auto sends every op native."""
+    seed = int(np.random.default_rng().integers(0, 2**31))
+    env = {"PZ_CHECK_PLANS": "0", "PZ_CODEC_GBPS": "0.01"}
+    res = ok(run(2, backend_workers.thin_native, seed, env=env, deadline=240))
+    for r, (n, bad, plans) in res.items():
+        assert n == 3 * 2 * 3 * 2 * 4 and not bad, (seed, r, bad)
+        for op in ("all_reduce", "reduce_scatter", "broadcast", "all_gather"):
+            assert plans[op] == {"native": 36 + (op == "all_reduce")}, (r, op, plans)
+
+
 def test_bad_options_raise_where_the_group_is_made():
     from portable_zip.c10d import Options
     for bad in ({"compress": "fast"}, {"transport": "nccl"}, {"max_sms": 0}, {"domains": "bogus"}):

@@ -169,10 +169,12 @@ def test_async_ops_on_one_tensor_run_in_call_order(mode):
 
 
 # --- 6. whatever gloo does ------------------------------------------------------------------------------
-@pytest.mark.parametrize("spec", ["pz", "cpu:gloo,cuda:pz"])
-def test_every_op_gloo_does_works_through_pz(spec):
+# check "0": users' default, where auto's native ops take the backend's thin path.
+@pytest.mark.parametrize("spec,check", [("pz", "1"), ("pz", "0"), ("cpu:gloo,cuda:pz", "1")])
+def test_every_op_gloo_does_works_through_pz(spec, check):
     seed = _seed()
-    res = run_ranks(2, workers.gloo_parity, seed, 64, None if spec == "pz" else spec, env=ENV, backend=spec,
+    env = {**ENV, "PZ_CHECK_PLANS": check}
+    res = run_ranks(2, workers.gloo_parity, seed, 64, None if spec == "pz" else spec, env=env, backend=spec,
                     deadline=300, pg_timeout=60.0)
     for r, (status, v) in res.items():
         assert status == "ok", (r, status, v)

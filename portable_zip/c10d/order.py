@@ -20,10 +20,16 @@ import torch
 from ..comm import Deadline
 
 _ANY = "any"  # a tensor without strided storage: it overlaps everything
+_NONE: frozenset = frozenset()
 
 
 def storages(tensors) -> frozenset:
     """The storages an op's tensors (nested lists of them) live in."""
+    if type(tensors) in (list, tuple) and len(tensors) <= 1:  # the usual op: none, or one plain tensor
+        if not tensors:
+            return _NONE
+        if type(tensors[0]) is torch.Tensor and tensors[0].layout == torch.strided:
+            return frozenset((tensors[0].untyped_storage().data_ptr(),))
     out, todo = [], [tensors]
     while todo:
         x = todo.pop()
@@ -46,8 +52,12 @@ class Running:
         return len(self._works)
 
     def add(self, w, writes, reads=()):
-        entry = (w, storages(writes), storages(reads))
-        self._works = [x for x in self._works if not x[0].is_completed()] + [entry]
+        # Finished works leave from the front (they hold their tensors): works
+        # mostly finish in posting order, so this asks one or two, not all.
+        works = self._works
+        while works and works[0][0].is_completed():
+            del works[0]
+        works.append((w, storages(writes), storages(reads)))
         return w
 
     def settle(self, writes, reads=()) -> None:
@@ -57,13 +67,12 @@ class Running:
         ws, rs = storages(writes), storages(reads)
         keep = []
         for w, ow, orr in self._works:
-            if w.is_completed():
-                continue
             if _meet(ws, ow | orr) or _meet(rs, ow):
-                try:
-                    w.wait()
-                except Exception:  # noqa: BLE001 - reported by its own wait()
-                    pass
+                if not w.is_completed():
+                    try:
+                        w.wait()
+                    except Exception:  # noqa: BLE001 - reported by its own wait()
+                        pass
             else:
                 keep.append((w, ow, orr))
         self._works = keep

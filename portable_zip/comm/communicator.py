@@ -32,7 +32,7 @@ from .policy import Policy
 from .setup import device_of, open_channel, open_transport, private_group, timeout_of
 from .stats import Stats, merged
 from .transports import fabric
-from .transports.torch import movable
+from .transports.torch import movable, moved_as_is
 from .work import Work, Worker, exclusive
 
 # An async op called with torch_work=True (the pz backend's): where it runs
@@ -121,6 +121,7 @@ class Communicator:
         # Native plans on NCCL are stream-ordered like torch.distributed's own
         # calls; PZ_SYNC_NATIVE=1 makes them wait on the host, bounded by timeout.
         self._stream_native = self._native and self.tp.backend == "nccl" and not s.sync_native
+        self._as_is = moved_as_is(self.tp.backend)
         self._check_plans = False
         self.tp.connect(Deadline(self.timeout))  # collective: every rank constructs its Communicator
         for tp in dict.fromkeys(self._channel.tps):
@@ -230,6 +231,25 @@ class Communicator:
         (never under PZ_CHECK_PLANS, which checks every op's spec)."""
         return (not self._pending and not self._worker.busy() and not self._check_plans
                 and self._plans.op(op, t.dtype, t.nbytes) == "native")
+
+    # --- the thin native path, for an adapter beside the queue -----------------
+    def native_ready(self, op: str, t: torch.Tensor) -> bool:
+        """Whether op on t (a valid, contiguous tensor: the caller checked)
+        would run torch's own op now: a native plan with nothing queued before
+        it, t's dtype one the group's backend moves as it is. The pz backend
+        then posts it itself (post_native), so a native op costs what torch's
+        own call costs plus these checks (not under PZ_CHECK_PLANS, which
+        agrees every op's spec)."""
+        return self._native and not self._closed and t.dtype in self._as_is and self._idle_native(op, t)
+
+    def post_native(self, op: str, post, sent: int):
+        """post(pg): torch's own op on this Communicator's group, posted now
+        and counted in the stats as a native op moving sent bytes. Returns
+        its Work, not waited for (after native_ready said yes)."""
+        t0 = time.perf_counter()
+        w = post(self.group.pg)
+        self._record(op, "native", t0, sent, sent)
+        return w
 
     def _native_now(self, op: str, t: torch.Tensor, async_op: bool) -> bool:
         """A blocking collective that runs native: auto then adds only this

@@ -89,6 +89,11 @@ class _Waiter:
         self._q.put(None)
 
 
+def moved_as_is(backend: str) -> frozenset:
+    """The dtypes backend moves as they are (no uint8 view needed)."""
+    return _MOVES.get(backend, _NOTHING)
+
+
 def movable(t: torch.Tensor, backend: str) -> torch.Tensor:
     """t itself where the backend moves its dtype, else its uint8 view: a
     fresh view costs a small collective ~5-15 µs of host time (measured on
