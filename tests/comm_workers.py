@@ -640,3 +640,45 @@ def one_rank(rank, world, seed):
                 check(same(out, x), f"{mode} reduce_scatter {dtype}")
         comm.close()
     return True
+
+
+def rejudged(rank, world, seed):
+    """A compressed all_reduce that runs slower than the model predicted (the
+    last rank's phase sleeps: its cores busy elsewhere) is re-judged alike on
+    every rank: auto moves that size to native, every result exact, and
+    PZ_CHECK_PLANS=1 checks that every op's policy state agreed. Returns
+    (plans seen in order, every rank's slowdown)."""
+    import portable_zip.comm.collectives as coll
+
+    os.environ["PZ_CHECK_PLANS"] = "1"
+    comm = pz.Communicator(compress="auto", timeout=60, link_gbps=1, latency_us=50, codec_gbps=50)
+    n = 1 << 12
+    while comm.policy.choose("all_reduce", torch.bfloat16, 2 * n, world) == "native":
+        n *= 2
+        check(n < 1 << 26, "auto never compresses an all_reduce under a 1 Gbit/s link")
+    n *= 2  # comfortably compressed, but not by 4x
+    predicted = comm.policy.predict("all_reduce", torch.bfloat16, 2 * n, world)[1]
+    real = coll.all_reduce
+
+    def slow(*args, **kwargs):
+        out = real(*args, **kwargs)
+        if rank == world - 1:
+            time.sleep(4 * predicted)
+        return out
+    coll.all_reduce = slow
+    plans = []
+    try:
+        for case in range(6):
+            t = data(seed, rank, case, n, torch.bfloat16)
+            before = dict(comm.stats.get("all_reduce", {}).get("plans", {}))
+            comm.all_reduce(t)
+            after = comm.stats["all_reduce"]["plans"]
+            plans.append(next(p for p in after if after[p] != before.get(p, 0)))
+            want = torch.stack([data(seed, r, case, n, torch.bfloat16).float() for r in range(world)]).sum(0)
+            check(same(t, want.bfloat16()), f"case {case} ({plans[-1]}): not the exact sum")
+    finally:
+        coll.all_reduce = real
+    everyone = [None] * world
+    dist.all_gather_object(everyone, comm.policy.slowdown)
+    comm.close()
+    return plans, everyone

@@ -111,6 +111,15 @@ def test_learned_ratio_agrees(world):
     assert len(set(ratios.values())) == 1, ratios
 
 
+def test_slower_than_predicted_is_rejudged_alike():
+    seed = _seed()
+    res = ok(comm_harness.run(2, comm_workers.rejudged, seed, deadline=300))
+    plans, slowdowns = res[0]
+    assert all(v == res[0] for v in res.values()), res  # the same plans and factor on every rank
+    assert plans[0] == "compressed" and plans[-1] == "native", plans
+    assert len(set(slowdowns)) == 1 and slowdowns[0] > 1.5, slowdowns
+
+
 @pytest.mark.parametrize("world", [2, 3])
 def test_split_mismatch_raises_everywhere(world):
     res = ok(comm_harness.run(world, comm_workers.split_mismatch, deadline=120))

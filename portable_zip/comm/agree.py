@@ -90,16 +90,20 @@ def _field(k: int, row: list) -> str:
     return f"{['numel', 'arg', 'arg', 'arg'][k - 1]} {v}"
 
 
+W_NOTE = CTRL_WORDS - 2  # a collective's spec: the rank's observation for the policy (policy.report)
+
+
 def collective(tp: Transport, op: str, plan: str, fingerprint: int, dtype: torch.dtype, fields: Sequence[int],
-               piece_override: int, deadline: Deadline, splits=None) -> Optional[list]:
+               piece_override: int, deadline: Deadline, splits=None, note: int = 0) -> tuple:
     """Swap a spec with every peer so a mismatched dtype, size, version, plan
     or policy state raises the same MismatchError on every rank. fields (up
     to 4 ints) must agree on all ranks; splits (all_to_all: input and output
     split sizes) are checked as a matrix in a second round, so every rank sees
-    every pair's mismatch. Returns that matrix (else None)."""
+    every pair's mismatch. note: this rank's word for the policy, which may
+    differ between ranks. Returns (that matrix or None, every rank's note)."""
     spec = [SPEC_PROTO, WIRE_VERSION, OPS.index(op), PLAN_IDS[plan], fingerprint & 0x7FFFFFFF, code_of(dtype), *fields]
     # The last word: PZ_PIECE_BYTES, which sets the piece sizes collectives derive on both sides.
-    rows = swap_all(tp, spec + [0] * (CTRL_WORDS - 1 - len(spec)) + [piece_override], deadline)
+    rows = swap_all(tp, spec + [0] * (W_NOTE - len(spec)) + [note, piece_override], deadline)
     _screen(rows, tp.rank, op)
     problems = []
     for j, row in enumerate(rows):
@@ -120,12 +124,13 @@ def collective(tp: Transport, op: str, plan: str, fingerprint: int, dtype: torch
                             f"(fingerprint {row[4]:#x} vs {rows[0][4]:#x})")
     if problems:
         raise MismatchError("; ".join(dict.fromkeys(problems)))
+    notes = [row[W_NOTE] for row in rows]
     if splits is None:
-        return None
+        return None, notes
     mat = swap_all(tp, [*splits[0], *splits[1]], deadline)
     w = tp.world
     bad = [f"rank {i} sends {mat[i][j]} rows to rank {j}, which expects {mat[j][w + i]}"
            for i in range(w) for j in range(w) if mat[i][j] != mat[j][w + i]]
     if bad:
         raise MismatchError("all_to_all split mismatch: " + "; ".join(bad))
-    return mat
+    return mat, notes

@@ -211,8 +211,12 @@ class Communicator:
             raise ValueError(f"{what} {r!r} is not a rank of this group (size {self.world})")
 
     def _agree(self, call: Call, op: str, plan: str, dtype: torch.dtype, fields, splits=None):
-        return agree.collective(self.tp, op, plan, self.policy.fingerprint(dtype), dtype, fields,
-                                self.settings.piece_bytes, call.deadline, splits)
+        """The spec swap; it carries each rank's latest observation to every
+        rank's policy (policy.heard), so later plans are re-judged alike."""
+        mat, notes = agree.collective(self.tp, op, plan, self.policy.fingerprint(dtype), dtype, fields,
+                                      self.settings.piece_bytes, call.deadline, splits, self.policy.report())
+        self.policy.heard(notes)
+        return mat
 
     def _observe(self, streams) -> None:
         """Learn the ratio only where every rank sees every stream once: in a
@@ -300,7 +304,10 @@ class Communicator:
                 self._agree(call, op, plan, dtype, fields)
             if plan == "native":
                 return self._native_done(op, t0, start_native(), sent, call.deadline, detached=detached)
+            t1 = time.perf_counter()  # the ranks met at the swap: what follows is the plan's own time
             raw, wire, streams = algorithm(call, self._plans.coded(plan, dtype, nbytes))
+            if plan == "compressed" and not self._mixed:
+                self.policy.note(op, dtype, nbytes, self.world, time.perf_counter() - t1)
             if streams is not None:
                 self._observe(streams)
             self._record(op, plan, t0, raw, wire)

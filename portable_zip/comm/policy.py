@@ -9,6 +9,13 @@ a decision are agreed across ranks (the slowest rank's figures, and the
 margin), so every rank picks the same plan (the rule: docs/COMM.md).
 Overrides: the Communicator's arguments, or PZ_LINK_GBPS, PZ_LINK_LATENCY_US,
 PZ_CODEC_GBPS, PZ_POLICY_MARGIN (portable_zip/comm/settings.py).
+
+The model learns from what it sees: a compressed collective's time, from its
+spec swap to its end, over the model's prediction, is this rank's
+observation; it rides in the next spec swap, and every rank folds the
+slowest rank's into `slowdown`, the factor on every compressed prediction.
+A plan that ran slower than predicted (cores shared with training, a link
+busier than at calibration) is so re-judged, alike on every rank.
 """
 from __future__ import annotations
 
@@ -58,12 +65,14 @@ class Policy:
         self.cross_pairs = cross_pairs  # mixed clusters: the rank pairs in different domains
         self.cal: Optional[Calibration] = None
         self._decided: Dict[tuple, str] = {}
+        self.slowdown = 1.0  # agreed: observed over predicted time of compressed plans (EWMA of the slowest rank's)
+        self._seen = 0       # this rank's latest observation, in thousandths, not yet reported
 
     def fingerprint(self, dtype: torch.dtype) -> int:
         """A hash of everything a decision for dtype reads: equal on every
         rank when the agreement rule holds (PZ_CHECK_PLANS compares it)."""
         c = self.cal
-        facts = (self.margin, self.ratio.get(dtype), self.costs, None if c is None else
+        facts = (self.margin, self.ratio.get(dtype), self.costs, self.slowdown, None if c is None else
                  (c.alpha, c.beta, c.compress.get(dtype), c.decompress.get(dtype), sorted(c.native.items()),
                   [(cr.get(dtype), dr.get(dtype)) for cr, dr in c.per_rank]))
         return zlib.crc32(repr(facts).encode())
@@ -115,6 +124,39 @@ class Policy:
                                                              second_phase_rounds)
         raise ValueError(f"unknown op {op}")
 
+    # --- learning from what ran ------------------------------------------------
+    # Only a plan slower than predicted is re-judged: a faster one (a link
+    # set slower than the real one, say) leaves the model as it is.
+    SLOWDOWN_RANGE = (1.0, 8.0)
+    SLOWDOWN_WEIGHT = 0.5  # of each new agreed observation
+
+    def note(self, op: str, dtype: torch.dtype, nbytes: int, world: int, seconds: float) -> None:
+        """A compressed collective took seconds (from its spec swap to its
+        end): kept as this rank's observation of the model's error."""
+        if self.cal is None or dtype not in CODED or nbytes == 0:
+            return
+        predicted = self.predict(op, dtype, nbytes, world)[1]
+        if predicted > 0:
+            self._seen = max(1, min(int(1000 * seconds / predicted), 1 << 30))
+
+    def report(self) -> int:
+        """The word this rank puts in its next spec swap: its latest
+        observation (thousandths), or 0; each is reported once."""
+        seen, self._seen = self._seen, 0
+        return seen
+
+    def heard(self, words) -> None:
+        """Every rank's report from one spec swap (the same list on every
+        rank): slowdown moves toward the slowest rank's observation. The same
+        arithmetic on the same words, so every rank ends with the same value."""
+        seen = [w for w in words if w > 0]
+        if not seen:
+            return
+        lo, hi = self.SLOWDOWN_RANGE
+        q = max(seen) / 1000.0
+        a = self.SLOWDOWN_WEIGHT
+        self.slowdown = min(max((1 - a) * self.slowdown + a * q, lo), hi)
+
     def pair_pays(self, dtype: torch.dtype, nbytes: int, i: int, j: int, p2p: bool = False) -> bool:
         """Whether compressing nbytes between ranks i and j beats sending them
         raw on the agreed link, with the slower end's codec at each stage.
@@ -132,13 +174,13 @@ class Policy:
         stages = (nbytes * cc, r * nbytes * c.beta, nbytes * cd)
         rounds = 1 if p2p else self.costs.coll_rounds
         coded = (max(stages) + piece / nbytes * (sum(stages) - max(stages)) + rounds * c.alpha
-                 + self.costs.host_exchange_s)
+                 + self.costs.host_exchange_s) * self.slowdown
         return coded < raw * (1 - self.margin)
 
     def any_pair_pays(self, dtype: torch.dtype, nbytes: int) -> bool:
         """Whether some pair of self.cross_pairs gains from compressing nbytes
         (cached like choose(): it is on every mixed-cluster op's path)."""
-        key = ("pairs", dtype, nbytes, id(self.cal), self.ratio.get(dtype), self.margin)
+        key = ("pairs", dtype, nbytes, id(self.cal), self.ratio.get(dtype), self.margin, self.slowdown)
         hit = self._decided.get(key)
         if hit is None:
             hit = any(self.pair_pays(dtype, nbytes, i, j) for i, j in self.cross_pairs)
@@ -148,14 +190,14 @@ class Policy:
         return hit
 
     def choose(self, op: str, dtype: torch.dtype, nbytes: int, world: int) -> str:
-        key = (op, dtype, nbytes, world, id(self.cal), self.ratio.get(dtype), self.margin)
+        key = (op, dtype, nbytes, world, id(self.cal), self.ratio.get(dtype), self.margin, self.slowdown)
         plan = self._decided.get(key)
         if plan is None:  # cached: the decision is on every call's path
             if dtype not in CODED or nbytes == 0 or world == 1:
                 plan = "native"
             else:
                 native, coded = self.predict(op, dtype, nbytes, world)
-                plan = "compressed" if coded < native * (1 - self.margin) else "native"
+                plan = "compressed" if coded * self.slowdown < native * (1 - self.margin) else "native"
             if len(self._decided) > 4096:
                 self._decided.clear()
             self._decided[key] = plan
