@@ -8,6 +8,9 @@ mode, the modes' steps interleaved so load from other jobs hits them alike.
     python -P bench/dropin.py --link local                2 CPU ranks over loopback
     python -P bench/dropin.py --device cuda               2 ranks on one GPU (cuda:0): pz groups over the
                                                            fabric, gloo (CUDA tensors) beside them
+    python -P bench/dropin.py --device cuda --link netns --gbit 10 25
+                                                           the same 2 GPU ranks, each in its own namespace:
+                                                           every byte between them crosses the shaped link
     [--steps 10] [--warmup 3] [--out FILE.json] [--wrappings fsdp2 fsdp2_bf16 ddp] [--dim 512 --layers 6 ...]
 
 Modes: gloo (the plain backend), pz never (the backend's own cost, same
@@ -312,8 +315,9 @@ def main() -> None:
     if a.worker:
         worker(a)
         return
-    if a.device == "cuda" and a.link != "local":
-        p.error("--device cuda runs its 2 ranks on one GPU: --link local only")
+    if a.device == "cuda" and a.transport != "fabric":
+        p.error("--device cuda runs its 2 ranks on one GPU: pz's groups go over the fabric (NCCL refuses two "
+                "ranks on one GPU, gloo moves no CUDA tensors of pz's)")
     if a.device == "cuda" and not torch.cuda.is_available():
         sys.exit("bench/dropin.py: --device cuda but torch sees no GPU")
     # One pair of rank processes per wrapping: what a wrapping's ranks allocate (and
