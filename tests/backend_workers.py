@@ -446,4 +446,10 @@ def thin_native(rank, world, seed):
                     for what, x, y in zip(("all_reduce", "reduce_scatter", "broadcast", "all_gather"), *outs):
                         check(same(x, y), f"{what} {dtype} n={numel} {op} async={async_op}")
     plans = {op: dict(s["plans"]) for op, s in c.stats.items()}
-    return check.n, check.bad, plans
+    # FSDP2's pattern: async reduce_scatters (AVG), each waited. gloo's Work for
+    # one never says it completed: none may stay held once waited for.
+    x = data(seed, rank, 9999, world * 512, torch.bfloat16)
+    for _ in range(50):
+        o = torch.empty(512, dtype=torch.bfloat16)
+        dist.reduce_scatter_tensor(o, x, op=R.AVG, group=g, async_op=True).wait()
+    return check.n, check.bad, plans, len(g._running)

@@ -123,10 +123,11 @@ def test_native_ops_take_the_thin_path_with_gloos_bytes():
     seed = int(np.random.default_rng().integers(0, 2**31))
     env = {"PZ_CHECK_PLANS": "0", "PZ_CODEC_GBPS": "0.01"}
     res = ok(run(2, backend_workers.thin_native, seed, env=env, deadline=240))
-    for r, (n, bad, plans) in res.items():
+    for r, (n, bad, plans, held) in res.items():
         assert n == 3 * 2 * 3 * 2 * 4 and not bad, (seed, r, bad)
         for op in ("all_reduce", "reduce_scatter", "broadcast", "all_gather"):
             assert plans[op] == {"native": 36 + (op == "all_reduce")}, (r, op, plans)
+        assert held <= 2, f"rank {r}: {held} finished works still held by the order bookkeeping"
 
 
 def test_bad_options_raise_where_the_group_is_made():

@@ -103,9 +103,14 @@ class Backward:
 
 def _wait_all(ops) -> None:
     """Ours raise PeerError; torch's own (native plans) get the wait a
-    blocking native op gets, which names a dead peer."""
+    blocking native op gets, which names a dead peer: one wait per
+    Communicator for all of them (each such wait hands off to a waiter
+    thread: per op, that cost FSDP2 a tenth of its step on 2 cores)."""
+    native = {}
     for w, comm in ops:
         if comm is None:
             w.wait()
         else:
-            comm._await_native([w], Deadline(comm.timeout), detached=True)
+            native.setdefault(id(comm), (comm, []))[1].append(w)
+    for comm, works in native.values():
+        comm._await_native(works, Deadline(comm.timeout), detached=True)

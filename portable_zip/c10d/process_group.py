@@ -22,7 +22,7 @@ from torch._C import _distributed_c10d as c10d
 from ..codec import MismatchError, overlaps
 from ..comm import (REDUCIBLE, Communicator, Deadline, Group, ReduceOp, Settings, swap_through_store,
                     timeout_of)
-from . import report, torch_work
+from . import report, thin, torch_work
 from .options import Options
 from .order import Backward, Running
 from .p2p import P2P
@@ -131,6 +131,13 @@ def _plain(name=None, thin=None):
     return wrap
 
 
+def _observable(w, outputs):
+    """gloo's reduce_scatter Work (a bare Work) never says it completed, so
+    the order bookkeeping would hold it, and every op after it, for good:
+    as a Joined it says so once it has been waited for."""
+    return torch_work.Joined([w], outputs) if type(w) is dist.Work else w
+
+
 def _first(args) -> Optional[torch.Tensor]:
     for a in args:
         if isinstance(a, torch.Tensor):
@@ -142,60 +149,6 @@ def _first(args) -> Optional[torch.Tensor]:
     return None
 
 
-# --- the thin native path -------------------------------------------------------
-# An op that auto sends native, with nothing of pz's queued before it, is
-# torch's own op: it goes from here to the Communicator's group with torch's
-# own arguments, past the full path's stand-ins and closures, so the backend
-# costs what torch's call costs plus a few checks (bench/backend_overhead.py).
-_THIN_REDUCTIONS = frozenset((_R.SUM, _R.MIN, _R.MAX))  # what every inner backend does as torch asks
-
-
-def _flat(t) -> bool:
-    """A tensor torch's own op takes as it is: dense, contiguous, its memory its values."""
-    return (isinstance(t, torch.Tensor) and t.layout == torch.strided and t.is_contiguous() and not t.is_conj()
-            and not t.is_neg())
-
-
-def _thin_allreduce(pg, tensors, opts=None):
-    if opts is None or len(tensors) != 1 or _kind(opts) not in _THIN_REDUCTIONS:
-        return None
-    t = tensors[0]
-    if not _flat(t) or t.dtype not in REDUCIBLE:
-        return None
-    w = pg._world
-    return pg._thin("all_reduce", t, 2 * t.nbytes * (w - 1) // w, lambda inner: inner.allreduce(tensors, opts),
-                    tensors)
-
-
-def _thin_broadcast(pg, tensors, opts=None):
-    if opts is None or len(tensors) != 1 or not _flat(tensors[0]):
-        return None
-    t = tensors[0]
-    sent = t.nbytes * (pg._world - 1) if opts.rootRank == pg._me else 0
-    return pg._thin("broadcast", t, sent, lambda inner: inner.broadcast(tensors, opts), tensors)
-
-
-def _apart(out, inp) -> bool:
-    """Two flat tensors of one dtype in different storages (an overlap takes the full path)."""
-    return (_flat(out) and _flat(inp) and out.dtype == inp.dtype
-            and out.untyped_storage().data_ptr() != inp.untyped_storage().data_ptr())
-
-
-def _thin_all_gather(pg, out, inp, opts=None):
-    if opts is None or not _apart(out, inp) or out.numel() != pg._world * inp.numel():
-        return None
-    return pg._thin("all_gather", inp, inp.nbytes * (pg._world - 1),
-                    lambda inner: getattr(inner, _ALL_GATHER)(out, inp, opts), [out], [inp])
-
-
-def _thin_reduce_scatter(pg, out, inp, opts=None):
-    if (opts is None or _kind(opts) not in _THIN_REDUCTIONS or not _apart(out, inp) or inp.dtype not in REDUCIBLE
-            or inp.numel() != pg._world * out.numel()):
-        return None
-    return pg._thin("reduce_scatter", inp, out.nbytes * (pg._world - 1),
-                    lambda inner: getattr(inner, _REDUCE_SCATTER)(out, inp, opts), [out], [inp])
-
-
 class ProcessGroupPZ(dist.ProcessGroup):
     """Made by torch.distributed (init_process_group / new_group with backend
     "pz"); devices: the device kinds mapped to pz (others are forwarded as
@@ -205,7 +158,7 @@ class ProcessGroupPZ(dist.ProcessGroup):
     def __init__(self, store, rank: int, ranks: List[int], timeout: float, name: str,
                  options: Optional[Options] = None, devices=None):
         super().__init__(rank, len(ranks))
-        self._me, self._world = rank, len(ranks)  # size() and rank() cost a call into torch each (~1-8 µs)
+        self.me, self.world = rank, len(ranks)  # size() and rank() cost a call into torch each (~1-8 µs)
         self.options = options = options if options is not None else Options()
         s = Settings.from_env()
         self.timeout = timeout_of(options.timeout if options.timeout is not None else
@@ -305,7 +258,7 @@ class ProcessGroupPZ(dist.ProcessGroup):
             self._running.settle(outputs, inputs)
             res = fn(c, {"async_op": True, "torch_work": then is None})
             if isinstance(res, dist.Work):  # torch's own op (an idle native plan): runs beside the queue
-                return self._backward.add(self._running.add(res, outputs, inputs), c)
+                return self._backward.add(self._running.add(_observable(res, outputs), outputs, inputs), c)
             if res is None:
                 return torch_work.done(outputs)
             w = torch_work.TorchWork([res], outputs, then)
@@ -313,10 +266,10 @@ class ProcessGroupPZ(dist.ProcessGroup):
                 self._running.add(w, outputs, inputs)
             return self._backward.add(w)
 
-    def _thin(self, op: str, t: torch.Tensor, sent: int, post, writes, reads=()):
+    def post_thin(self, op: str, t: torch.Tensor, sent: int, post, writes, reads=()):
         """post(inner): torch's own op on t's Communicator's group, when that
-        Communicator would run op on t native now (t checked by the caller);
-        its Work, or None (the full path runs)."""
+        Communicator would run op on t native now (t checked by the caller,
+        thin.py); its Work, or None (the full path runs)."""
         c = self._comms.get("cuda" if t.is_cuda else "cpu")
         if c is None:  # not made yet, or the kind is not pz's
             return None
@@ -325,7 +278,8 @@ class ProcessGroupPZ(dist.ProcessGroup):
                 return None
             if self._running:
                 self._running.settle(writes, reads)
-            return self._backward.add(self._running.add(c.post_native(op, post, sent), writes, reads), c)
+            w = _observable(c.post_native(op, post, sent), writes)
+            return self._backward.add(self._running.add(w, writes, reads), c)
 
     def _early(self, device: torch.device, tensors) -> None:
         """An op that reads its tensors as it is posted (a non-contiguous
@@ -354,7 +308,7 @@ class ProcessGroupPZ(dist.ProcessGroup):
         return _dense(t) and dtype_ok and t.device.type in self.devices
 
     # --- collectives ------------------------------------------------------------
-    @_plain(thin=_thin_allreduce)
+    @_plain(thin=thin.all_reduce)
     def allreduce(self, tensors, opts=None):
         opts = opts if opts is not None else c10d.AllreduceOptions()
         t, op = _one(tensors, "all_reduce"), _op(opts)
@@ -375,7 +329,7 @@ class ProcessGroupPZ(dist.ProcessGroup):
         if _kind(opts) == _R.AVG and not t.dtype.is_floating_point:
             raise TypeError(f"pz backend: {name} with AVG of {t.dtype}: an average of integers is not an integer")
 
-    @_plain(thin=_thin_broadcast)
+    @_plain(thin=thin.broadcast)
     def broadcast(self, tensors, opts=None):
         opts = opts if opts is not None else c10d.BroadcastOptions()
         t = _one(tensors, "broadcast")
@@ -385,7 +339,7 @@ class ProcessGroupPZ(dist.ProcessGroup):
             return self._ours(t.device, lambda c, kw: c.broadcast(tc, opts.rootRank, **kw), [t], k.then())
         return self._forward(t.device, "broadcast", tensors, opts)
 
-    @_plain(_ALL_GATHER, thin=_thin_all_gather)
+    @_plain(_ALL_GATHER, thin=thin.all_gather(_ALL_GATHER))
     def all_gather_single(self, out, inp, opts=None):
         opts = opts if opts is not None else c10d.AllgatherOptions()
         if self._served(inp) and _dense(out) and out.dtype == inp.dtype and out.numel() == self.size() * inp.numel():
@@ -416,7 +370,7 @@ class ProcessGroupPZ(dist.ProcessGroup):
                               [inp])
         return self._forward(inp.device, "allgather", output_lists, inputs, opts)
 
-    @_plain(_REDUCE_SCATTER, thin=_thin_reduce_scatter)
+    @_plain(_REDUCE_SCATTER, thin=thin.reduce_scatter(_REDUCE_SCATTER))
     def reduce_scatter_single(self, out, inp, opts=None):
         opts = opts if opts is not None else c10d.ReduceScatterOptions()
         op = _op(opts)
