@@ -442,8 +442,17 @@ def thin_native(rank, world, seed):
                         dist.broadcast(b, case % world, group=grp)
                         a = torch.empty(world * numel, dtype=dtype)
                         dist.all_gather_into_tensor(a, data(seed, rank, case + 3000, numel, dtype), group=grp)
-                        outs.append((t, o, b, a))
-                    for what, x, y in zip(("all_reduce", "reduce_scatter", "broadcast", "all_gather"), *outs):
+                        # FSDP2's forms: the input is this rank's own slot of the output; AVG
+                        a2 = torch.empty(world * numel, dtype=dtype)
+                        mine = a2[rank * numel:(rank + 1) * numel]
+                        mine.copy_(data(seed, rank, case + 4000, numel, dtype))
+                        dist.all_gather_into_tensor(a2, mine, group=grp)
+                        o2 = torch.empty(numel // world, dtype=dtype)
+                        dist.reduce_scatter_tensor(o2, data(seed, rank, case + 5000, numel, dtype), op=R.AVG,
+                                                   group=grp)
+                        outs.append((t, o, b, a, a2, o2))
+                    for what, x, y in zip(("all_reduce", "reduce_scatter", "broadcast", "all_gather",
+                                           "all_gather in place", "reduce_scatter AVG"), *outs):
                         check(same(x, y), f"{what} {dtype} n={numel} {op} async={async_op}")
     plans = {op: dict(s["plans"]) for op, s in c.stats.items()}
     # FSDP2's pattern: async reduce_scatters (AVG), each waited. gloo's Work for
@@ -452,4 +461,11 @@ def thin_native(rank, world, seed):
     for _ in range(50):
         o = torch.empty(512, dtype=torch.bfloat16)
         dist.reduce_scatter_tensor(o, x, op=R.AVG, group=g, async_op=True).wait()
-    return check.n, check.bad, plans, len(g._running)
+    # Works stay torch's own (their futures and stream waits), but for gloo's reduce_scatter's.
+    kinds = {}
+    for what, post in (("all_reduce", lambda: dist.all_reduce(x, group=g, async_op=True)),
+                       ("reduce_scatter", lambda: dist.reduce_scatter_tensor(o, x, group=g, async_op=True))):
+        w = post()
+        w.wait()
+        kinds[what] = type(w).__name__
+    return check.n, check.bad, plans, len(g._running), kinds

@@ -116,7 +116,7 @@ def test_slower_than_predicted_is_rejudged_alike():
     res = ok(comm_harness.run(2, comm_workers.rejudged, seed, deadline=300))
     plans, slowdowns = res[0]
     assert all(v == res[0] for v in res.values()), res  # the same plans and factor on every rank
-    assert plans[0] == "compressed" and plans[-1] == "native", plans
+    assert plans[:4] == ["compressed"] * 4 and plans[-1] == "native", plans
     assert len(set(slowdowns)) == 1 and slowdowns[0] > 1.5, slowdowns
 
 

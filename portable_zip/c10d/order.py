@@ -51,12 +51,16 @@ class Running:
     def __len__(self) -> int:
         return len(self._works)
 
+    SWEEP = 32  # past this many held, every finished one leaves (one unfinished at the front pins none)
+
     def add(self, w, writes, reads=()):
         # Finished works leave from the front (they hold their tensors): works
         # mostly finish in posting order, so this asks one or two, not all.
         works = self._works
         while works and works[0][0].is_completed():
             del works[0]
+        if len(works) >= self.SWEEP:
+            works[:] = [x for x in works if not x[0].is_completed()]
         works.append((w, storages(writes), storages(reads)))
         return w
 

@@ -131,11 +131,13 @@ def _plain(name=None, thin=None):
     return wrap
 
 
-def _observable(w, outputs):
-    """gloo's reduce_scatter Work (a bare Work) never says it completed, so
-    the order bookkeeping would hold it, and every op after it, for good:
-    as a Joined it says so once it has been waited for."""
-    return torch_work.Joined([w], outputs) if type(w) is dist.Work else w
+def _observable(w, outputs, gloo_rs: bool):
+    """gloo's reduce_scatter Work never says it completed, not even once
+    waited for, so the order bookkeeping would hold it, and every op after
+    it, for good: as a Joined it says so once waited for (and it gets the
+    future gloo's lacks). Other Works stay torch's own: their futures and
+    stream waits are the backend's."""
+    return torch_work.Joined([w], outputs) if gloo_rs else w
 
 
 def _first(args) -> Optional[torch.Tensor]:
@@ -248,7 +250,7 @@ class ProcessGroupPZ(dist.ProcessGroup):
             if kinds is None or k in kinds:
                 c.drain()
 
-    def _ours(self, device: torch.device, fn, outputs, then=None, inputs=()):
+    def _ours(self, device: torch.device, fn, outputs, then=None, inputs=(), rs: bool = False):
         """fn(Communicator, kw) on this device kind's Communicator, as a torch Work; kw: the async
         collective's arguments (torch_work: an op that runs torch's own collective may return its Work)."""
         with self._lock:
@@ -258,7 +260,8 @@ class ProcessGroupPZ(dist.ProcessGroup):
             self._running.settle(outputs, inputs)
             res = fn(c, {"async_op": True, "torch_work": then is None})
             if isinstance(res, dist.Work):  # torch's own op (an idle native plan): runs beside the queue
-                return self._backward.add(self._running.add(_observable(res, outputs), outputs, inputs), c)
+                w = _observable(res, outputs, rs and c.group.backend == "gloo")
+                return self._backward.add(self._running.add(w, outputs, inputs), c)
             if res is None:
                 return torch_work.done(outputs)
             w = torch_work.TorchWork([res], outputs, then)
@@ -278,7 +281,8 @@ class ProcessGroupPZ(dist.ProcessGroup):
                 return None
             if self._running:
                 self._running.settle(writes, reads)
-            w = _observable(c.post_native(op, post, sent), writes)
+            gloo_rs = op == "reduce_scatter" and c.group.backend == "gloo"
+            w = _observable(c.post_native(op, post, sent), writes, gloo_rs)
             return self._backward.add(self._running.add(w, writes, reads), c)
 
     def _early(self, device: torch.device, tensors) -> None:
@@ -302,6 +306,8 @@ class ProcessGroupPZ(dist.ProcessGroup):
             w = getattr(inner.pg, name)(*args)
             if name in ("send", "recv"):
                 w = torch_work.Joined([w], args[0])  # gloo's may be waited for once: settle() waits too
+            elif name in (_REDUCE_SCATTER, "reduce_scatter") and inner.backend == "gloo":
+                w = _observable(w, args[0] if isinstance(args[0], list) else [args[0]], True)
             return self._running.add(w, writes, reads)
 
     def _served(self, t, dtype_ok=True) -> bool:
@@ -381,7 +387,7 @@ class ProcessGroupPZ(dist.ProcessGroup):
             k = _Contig()
             oc, ic = k.out(out, self), k.inp(inp, self)
             return self._ours(inp.device, lambda c, kw: c.reduce_scatter_single(oc, ic, op=op, **kw), [out],
-                              k.then(), [inp])
+                              k.then(), [inp], rs=True)
         self._reducible("reduce_scatter", inp, opts)
         return self._forward(inp.device, _REDUCE_SCATTER, out, inp, opts)
 
@@ -399,7 +405,7 @@ class ProcessGroupPZ(dist.ProcessGroup):
             k = _Contig()
             oc = k.out(out, self).view(-1)
             return self._ours(out.device, lambda c, kw: c.reduce_scatter_single(oc, flat, op=op, **kw), outputs,
-                              k.then())
+                              k.then(), rs=True)
         self._reducible("reduce_scatter", out, opts)
         return self._forward(out.device, "reduce_scatter", outputs, input_lists, opts)
 

@@ -19,7 +19,7 @@ from .errors import MismatchError, PeerError
 from .transports.base import RECV, SEND, Transport
 
 SPEC_PROTO = 0x505A4353  # "PZCS": a collective's (or the constructor's) spec message; same length
-WIRE_VERSION = 1 + (FORMAT_VERSION << 8)  # protocol 1 carrying stream format N
+WIRE_VERSION = 2 + (FORMAT_VERSION << 8)  # protocol 2 (a spec's word 10: the policy's note) carrying stream format N
 CTRL_WORDS = 12
 OPS = ["send", "recv", "broadcast", "all_gather", "reduce_scatter", "all_reduce", "all_to_all"]
 PLAN_IDS = {"native": 0, "raw": 1, "compressed": 2, "decided from the split matrix": 3}

@@ -244,7 +244,8 @@ class Communicator:
         then posts it itself (post_native), so a native op costs what torch's
         own call costs plus these checks (not under PZ_CHECK_PLANS, which
         agrees every op's spec)."""
-        return self._native and not self._closed and t.dtype in self._as_is and self._idle_native(op, t)
+        return (self._native and not self._closed and self._inside is None and t.dtype in self._as_is
+                and self._idle_native(op, t))  # another thread inside an op: the full path raises "not thread-safe"
 
     def post_native(self, op: str, post, sent: int):
         """post(pg): torch's own op on this Communicator's group, posted now

@@ -12,10 +12,14 @@ PZ_CODEC_GBPS, PZ_POLICY_MARGIN (portable_zip/comm/settings.py).
 
 The model learns from what it sees: a compressed collective's time, from its
 spec swap to its end, over the model's prediction, is this rank's
-observation; it rides in the next spec swap, and every rank folds the
-slowest rank's into `slowdown`, the factor on every compressed prediction.
-A plan that ran slower than predicted (cores shared with training, a link
-busier than at calibration) is so re-judged, alike on every rank.
+observation; it rides in the next spec swap, where every rank takes the
+slowest rank's. `slowdown`, the factor on every compressed prediction, moves
+halfway toward the least of the last three such agreed observations: a plan
+that keeps running slower than predicted (cores shared with training, a link
+busier than at calibration) is re-judged, alike on every rank, and one
+hiccup (a GC pause, a checkpoint's I/O) is not. Once every size has gone
+native nothing is observed any more: the factor then holds until the
+Communicator is made again.
 """
 from __future__ import annotations
 
@@ -65,7 +69,8 @@ class Policy:
         self.cross_pairs = cross_pairs  # mixed clusters: the rank pairs in different domains
         self.cal: Optional[Calibration] = None
         self._decided: Dict[tuple, str] = {}
-        self.slowdown = 1.0  # agreed: observed over predicted time of compressed plans (EWMA of the slowest rank's)
+        self.slowdown = 1.0  # agreed: observed over predicted time of compressed plans (see the module's docstring)
+        self._heard: List[float] = []  # the last agreed observations (the slowest rank's each), newest last
         self._seen = 0       # this rank's latest observation, in thousandths, not yet reported
 
     def fingerprint(self, dtype: torch.dtype) -> int:
@@ -128,7 +133,8 @@ class Policy:
     # Only a plan slower than predicted is re-judged: a faster one (a link
     # set slower than the real one, say) leaves the model as it is.
     SLOWDOWN_RANGE = (1.0, 8.0)
-    SLOWDOWN_WEIGHT = 0.5  # of each new agreed observation
+    SLOWDOWN_WEIGHT = 0.5  # of each new target
+    SLOWDOWN_RUN = 3       # agreed observations the target is the least of
 
     def note(self, op: str, dtype: torch.dtype, nbytes: int, world: int, seconds: float) -> None:
         """A compressed collective took seconds (from its spec swap to its
@@ -147,15 +153,18 @@ class Policy:
 
     def heard(self, words) -> None:
         """Every rank's report from one spec swap (the same list on every
-        rank): slowdown moves toward the slowest rank's observation. The same
-        arithmetic on the same words, so every rank ends with the same value."""
+        rank): the slowest rank's observation joins the last few, and
+        slowdown moves toward the least of them. The same arithmetic on the
+        same words, so every rank ends with the same value."""
         seen = [w for w in words if w > 0]
         if not seen:
             return
+        self._heard = (self._heard + [max(seen) / 1000.0])[-self.SLOWDOWN_RUN:]
+        if len(self._heard) < self.SLOWDOWN_RUN:
+            return
         lo, hi = self.SLOWDOWN_RANGE
-        q = max(seen) / 1000.0
         a = self.SLOWDOWN_WEIGHT
-        self.slowdown = min(max((1 - a) * self.slowdown + a * q, lo), hi)
+        self.slowdown = min(max((1 - a) * self.slowdown + a * min(self._heard), lo), hi)
 
     def pair_pays(self, dtype: torch.dtype, nbytes: int, i: int, j: int, p2p: bool = False) -> bool:
         """Whether compressing nbytes between ranks i and j beats sending them
