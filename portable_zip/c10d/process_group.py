@@ -36,14 +36,6 @@ _KIND = {"gloo": dist.ProcessGroup.BackendType.GLOO, "nccl": dist.ProcessGroup.B
 KINDS = ("cpu", "cuda")  # the device kinds pz serves (on ROCm torch, "cuda" is HIP: RCCL inside)
 
 
-def _dense(t) -> bool:
-    """A tensor pz serves: strided, any layout (a contiguous stand-in moves;
-    ranks may lay out the same tensor differently, and what is served must
-    not depend on it), its memory holding its values."""
-    return (isinstance(t, torch.Tensor) and t.layout == torch.strided and not t.is_conj() and not t.is_neg()
-            and t.device.type in ("cpu", "cuda"))
-
-
 class _Contig:
     """Contiguous stand-ins for strided tensors; outputs get their bytes back once the op is done."""
 
@@ -79,15 +71,9 @@ class _Contig:
         return run
 
 
-def _kind(opts):
-    """torch's reduction of opts, as a RedOpType."""
-    r = getattr(opts, "reduceOp", dist.ReduceOp.SUM)
-    return getattr(r, "op", r)
-
-
 def _op(opts) -> Optional[ReduceOp]:
     """Our reduction for torch's, or None (PRODUCT, bitwise, PREMUL_SUM: forwarded)."""
-    return ReduceOp.of_torch(_kind(opts))
+    return ReduceOp.of_torch(thin.kind(opts))
 
 
 def _one(tensors, what: str) -> torch.Tensor:
@@ -131,13 +117,13 @@ def _plain(name=None, thin=None):
     return wrap
 
 
-def _observable(w, outputs, gloo_rs: bool):
-    """gloo's reduce_scatter Work never says it completed, not even once
-    waited for, so the order bookkeeping would hold it, and every op after
-    it, for good: as a Joined it says so once waited for (and it gets the
-    future gloo's lacks). Other Works stay torch's own: their futures and
-    stream waits are the backend's."""
-    return torch_work.Joined([w], outputs) if gloo_rs else w
+def _observable(w, outputs, backend: str):
+    """A reduce_scatter's Work as the order bookkeeping can see it end: gloo's
+    never says it completed, not even once waited for, so Running would hold
+    it, and every op after it, for good; as a Joined it says so once waited
+    for (and gets the future gloo's lacks). Other backends' Works stay
+    torch's own: their futures and stream waits are the backend's."""
+    return torch_work.Joined([w], outputs) if backend == "gloo" else w
 
 
 def _first(args) -> Optional[torch.Tensor]:
@@ -260,7 +246,7 @@ class ProcessGroupPZ(dist.ProcessGroup):
             self._running.settle(outputs, inputs)
             res = fn(c, {"async_op": True, "torch_work": then is None})
             if isinstance(res, dist.Work):  # torch's own op (an idle native plan): runs beside the queue
-                w = _observable(res, outputs, rs and c.group.backend == "gloo")
+                w = _observable(res, outputs, c.group.backend) if rs else res
                 return self._backward.add(self._running.add(w, outputs, inputs), c)
             if res is None:
                 return torch_work.done(outputs)
@@ -281,8 +267,9 @@ class ProcessGroupPZ(dist.ProcessGroup):
                 return None
             if self._running:
                 self._running.settle(writes, reads)
-            gloo_rs = op == "reduce_scatter" and c.group.backend == "gloo"
-            w = _observable(c.post_native(op, post, sent), writes, gloo_rs)
+            w = c.post_native(op, post, sent)
+            if op == "reduce_scatter":
+                w = _observable(w, writes, c.group.backend)
             return self._backward.add(self._running.add(w, writes, reads), c)
 
     def _early(self, device: torch.device, tensors) -> None:
@@ -306,12 +293,12 @@ class ProcessGroupPZ(dist.ProcessGroup):
             w = getattr(inner.pg, name)(*args)
             if name in ("send", "recv"):
                 w = torch_work.Joined([w], args[0])  # gloo's may be waited for once: settle() waits too
-            elif name in (_REDUCE_SCATTER, "reduce_scatter") and inner.backend == "gloo":
-                w = _observable(w, args[0] if isinstance(args[0], list) else [args[0]], True)
+            elif name in (_REDUCE_SCATTER, "reduce_scatter"):
+                w = _observable(w, args[0] if isinstance(args[0], list) else [args[0]], inner.backend)
             return self._running.add(w, writes, reads)
 
     def _served(self, t, dtype_ok=True) -> bool:
-        return _dense(t) and dtype_ok and t.device.type in self.devices
+        return thin.dense(t) and dtype_ok and t.device.type in self.devices
 
     # --- collectives ------------------------------------------------------------
     @_plain(thin=thin.all_reduce)
@@ -332,7 +319,7 @@ class ProcessGroupPZ(dist.ProcessGroup):
         if t.dtype not in _GLOO_REDUCES:
             raise TypeError(f"pz backend: {name} of {t.dtype} is not supported: pz reduces bfloat16, float16, "
                             f"float32 and float64, and its inner gloo only {sorted(str(d) for d in _GLOO_REDUCES)}")
-        if _kind(opts) == _R.AVG and not t.dtype.is_floating_point:
+        if thin.kind(opts) == _R.AVG and not t.dtype.is_floating_point:
             raise TypeError(f"pz backend: {name} with AVG of {t.dtype}: an average of integers is not an integer")
 
     @_plain(thin=thin.broadcast)
@@ -348,8 +335,8 @@ class ProcessGroupPZ(dist.ProcessGroup):
     @_plain(_ALL_GATHER, thin=thin.all_gather(_ALL_GATHER))
     def all_gather_single(self, out, inp, opts=None):
         opts = opts if opts is not None else c10d.AllgatherOptions()
-        if self._served(inp) and _dense(out) and out.dtype == inp.dtype and out.numel() == self.size() * inp.numel():
-            if overlaps(out, inp) and inp.data_ptr() != out.data_ptr() + self.rank() * inp.nbytes:
+        if self._served(inp) and thin.dense(out) and out.dtype == inp.dtype and out.numel() == self.world * inp.numel():
+            if overlaps(out, inp) and inp.data_ptr() != out.data_ptr() + self.me * inp.nbytes:
                 self._early(inp.device, [out, inp])  # the Communicator copies inp now
             k = _Contig()
             oc, ic = k.out(out, self), k.inp(inp, self)
@@ -364,7 +351,7 @@ class ProcessGroupPZ(dist.ProcessGroup):
         inp = _one(inputs, "all_gather")
         outs = output_lists[0] if len(output_lists) == 1 else []
         if (self._served(inp) and len(outs) == self.size()
-                and all(_dense(o) and o.dtype == inp.dtype and o.numel() == inp.numel() for o in outs)):
+                and all(thin.dense(o) and o.dtype == inp.dtype and o.numel() == inp.numel() for o in outs)):
             flat = torch.empty(self.size() * inp.numel(), dtype=inp.dtype, device=inp.device)
             n = inp.numel()
 
@@ -380,7 +367,7 @@ class ProcessGroupPZ(dist.ProcessGroup):
     def reduce_scatter_single(self, out, inp, opts=None):
         opts = opts if opts is not None else c10d.ReduceScatterOptions()
         op = _op(opts)
-        if (op is not None and self._served(inp, inp.dtype in REDUCIBLE) and _dense(out) and out.dtype == inp.dtype
+        if (op is not None and self._served(inp, inp.dtype in REDUCIBLE) and thin.dense(out) and out.dtype == inp.dtype
                 and inp.numel() == self.size() * out.numel()):
             if overlaps(out, inp):
                 self._early(inp.device, [out, inp])  # the Communicator copies inp now
@@ -399,7 +386,7 @@ class ProcessGroupPZ(dist.ProcessGroup):
         out, op = _one(outputs, "reduce_scatter"), _op(opts)
         ins = input_lists[0] if len(input_lists) == 1 else []
         if (op is not None and self._served(out, out.dtype in REDUCIBLE) and len(ins) == self.size()
-                and all(_dense(i) and i.dtype == out.dtype and i.numel() == out.numel() for i in ins)):
+                and all(thin.dense(i) and i.dtype == out.dtype and i.numel() == out.numel() for i in ins)):
             self._early(out.device, [outputs, ins])
             flat = torch.cat([i.reshape(-1) for i in ins])
             k = _Contig()
@@ -412,7 +399,7 @@ class ProcessGroupPZ(dist.ProcessGroup):
     @_plain(_ALL_TO_ALL)
     def all_to_all_single(self, out, inp, out_splits, in_splits, opts=None):
         opts = opts if opts is not None else c10d.AllToAllOptions()
-        if self._served(inp) and _dense(out) and out.dtype == inp.dtype:
+        if self._served(inp) and thin.dense(out) and out.dtype == inp.dtype:
             o, i = (list(out_splits) or None), (list(in_splits) or None)
             if overlaps(out, inp):
                 self._early(inp.device, [out, inp])  # the Communicator copies inp now

@@ -18,15 +18,23 @@ _R = dist.ReduceOp.RedOpType
 _REDUCTIONS = frozenset((_R.SUM, _R.AVG, _R.MIN, _R.MAX))
 
 
-def _kind(opts):
+def kind(opts):
+    """torch's reduction of opts, as a RedOpType."""
     r = getattr(opts, "reduceOp", dist.ReduceOp.SUM)
     return getattr(r, "op", r)
 
 
+def dense(t) -> bool:
+    """A tensor pz serves: strided, any layout (a contiguous stand-in moves;
+    ranks may lay out the same tensor differently, and what is served must
+    not depend on it), its memory holding its values."""
+    return (isinstance(t, torch.Tensor) and t.layout == torch.strided and not t.is_conj() and not t.is_neg()
+            and t.device.type in ("cpu", "cuda"))
+
+
 def _flat(t) -> bool:
-    """A tensor torch's own op takes as it is: dense, contiguous, its memory its values."""
-    return (isinstance(t, torch.Tensor) and t.layout == torch.strided and t.is_contiguous() and not t.is_conj()
-            and not t.is_neg())
+    """A tensor torch's own op takes as it is: one pz serves, contiguous."""
+    return dense(t) and t.is_contiguous()
 
 
 def _apart(out, inp, own: int = -1) -> bool:
@@ -41,7 +49,7 @@ def _apart(out, inp, own: int = -1) -> bool:
 
 
 def all_reduce(pg, tensors, opts=None):
-    if opts is None or len(tensors) != 1 or _kind(opts) not in _REDUCTIONS:
+    if opts is None or len(tensors) != 1 or kind(opts) not in _REDUCTIONS:
         return None
     t = tensors[0]
     if not _flat(t) or t.dtype not in REDUCIBLE:
@@ -72,7 +80,7 @@ def all_gather(name: str):
 def reduce_scatter(name: str):
     """reduce_scatter_tensor, as the inner backend's op `name`."""
     def op(pg, out, inp, opts=None):
-        if (opts is None or _kind(opts) not in _REDUCTIONS or not _apart(out, inp) or inp.dtype not in REDUCIBLE
+        if (opts is None or kind(opts) not in _REDUCTIONS or not _apart(out, inp) or inp.dtype not in REDUCIBLE
                 or inp.numel() != pg.world * out.numel()):
             return None
         return pg.post_thin("reduce_scatter", inp, out.nbytes * (pg.world - 1),

@@ -8,7 +8,7 @@ every rank of the transfer.
 Point to point needs none: each message announces itself (p2p.py)."""
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Sequence
 
 import torch
 
@@ -21,6 +21,7 @@ from .transports.base import RECV, SEND, Transport
 SPEC_PROTO = 0x505A4353  # "PZCS": a collective's (or the constructor's) spec message; same length
 WIRE_VERSION = 2 + (FORMAT_VERSION << 8)  # protocol 2 (a spec's word 10: the policy's note) carrying stream format N
 CTRL_WORDS = 12
+W_NOTE = CTRL_WORDS - 2  # a collective's spec: the rank's observation for the policy (policy.report)
 OPS = ["send", "recv", "broadcast", "all_gather", "reduce_scatter", "all_reduce", "all_to_all"]
 PLAN_IDS = {"native": 0, "raw": 1, "compressed": 2, "decided from the split matrix": 3}
 _PLAN_NAMES = {v: k for k, v in PLAN_IDS.items()}
@@ -88,9 +89,6 @@ def _field(k: int, row: list) -> str:
     if k == 0:
         return f"dtype {str(CODE_TO_DTYPE.get(v, v)).replace('torch.', '')}"
     return f"{['numel', 'arg', 'arg', 'arg'][k - 1]} {v}"
-
-
-W_NOTE = CTRL_WORDS - 2  # a collective's spec: the rank's observation for the policy (policy.report)
 
 
 def collective(tp: Transport, op: str, plan: str, fingerprint: int, dtype: torch.dtype, fields: Sequence[int],

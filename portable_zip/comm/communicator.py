@@ -282,11 +282,9 @@ class Communicator:
     def _run_native(self, op: str, start, sent: int, async_op=False):
         """The fast path of _native_now: torch's op and the wait every native
         plan takes, nothing else (_TORCH_WORK: torch's Work, not waited for)."""
-        t0 = time.perf_counter()
         if async_op is _TORCH_WORK:
-            w = start()
-            self._record(op, "native", t0, sent, sent)
-            return w
+            return self.post_native(op, lambda pg: start(), sent)
+        t0 = time.perf_counter()
         self._native_done(op, t0, start(), sent, Deadline(self.timeout))
 
     # --- collectives ------------------------------------------------------------
