@@ -509,7 +509,7 @@ def test_gpu_decompress_batch_one_launch_per_dtype():
     bad = list(bufs)
     bad[4] = pz.trim(bufs[4]).clone()
     bad[4][-50] ^= 1
-    with pytest.raises(pz.FormatError, match="decompress_batch stream 4"):
+    with pytest.raises(pz.FormatError, match="decompress_batch:? stream 4"):
         pz.decompress_batch(bad)
     pz.decompress_batch(bad, out=outs)
     with pytest.raises(pz.FormatError, match="decompress_batch stream 4 .queued."):
