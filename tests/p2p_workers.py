@@ -8,6 +8,7 @@ import torch.distributed as dist
 import portable_zip as pz
 from comm_workers import check, data, empty, same
 from portable_zip.c10d import Options
+from portable_zip.comm.observed import LinkSeen
 
 
 def tags_match_per_tag(rank, world, seed, mode):
@@ -206,3 +207,52 @@ def gpu_path_and_kv(rank, world, seed, mode):
     st = comm.stats
     comm.close()
     return n_ok, {op: dict(s["plans"]) for op, s in st.items() if op in ("send", "recv")}
+
+
+def link_seen(rank, world, seed):
+    """Point-to-point plans are the sender's alone, so under auto the sender
+    judges a pair by how its raw messages ran, as the receiver timed their
+    arrival: rank 0's link, claimed at 1 Gbit/s, runs 10x slower (its
+    transport posts each payload 10x the predicted time after its frame),
+    and after a run of such raw sends (LinkSeen.RUN) its messages go
+    compressed; every message lands exactly. Returns rank 0's plans in order
+    and its factor for rank 1."""
+    comm = pz.Communicator(compress="auto", timeout=60, link_gbps=1, latency_us=50, codec_gbps=4)
+    bf = torch.bfloat16
+    n = LinkSeen.MIN_BYTES // 2  # bf16 elements: smaller messages are not observed
+    while not (comm.policy.choose("send", bf, 2 * n, world) == "native" and comm.policy.send_pays(bf, 2 * n, 4.0)):
+        n *= 2
+        check(n < 1 << 26, "no message size that the link's being 4x slower turns compressed")
+    cases = LinkSeen.RUN + 7
+    if rank == 1:
+        for case in range(cases):
+            t = empty(n, dtype=bf)
+            comm.recv(t, 0)
+            check(same(t, data(seed, 0, case, n, bf)), f"message {case} landed wrong")
+        comm.close()
+        return "received"
+    predicted = comm.policy.predict("send", bf, 2 * n, world)[0]
+    tp = comm._p2p.tps[0]
+    real = tp.post
+
+    def slow(ops):  # the payload leaves after its frame as late as a link ten times slower would make it land
+        frames = [op for op in ops if op[1].numel() < n]
+        payloads = [op for op in ops if op[1].numel() >= n]
+        if not payloads:
+            return real(ops)
+        works = real(frames)
+        time.sleep(10 * predicted)
+        return works + real(payloads)
+    tp.post = slow
+    plans = []
+    try:
+        for case in range(cases):
+            before = dict(comm.stats.get("send", {}).get("plans", {}))
+            comm.send(data(seed, 0, case, n, bf), 1)
+            after = comm.stats["send"]["plans"]
+            plans.append(next(p for p in after if after[p] != before.get(p, 0)))
+    finally:
+        tp.post = real
+    factor = comm._seen.factor(1)
+    comm.close()
+    return plans, factor

@@ -54,3 +54,13 @@ def test_send_completes_when_the_receiver_exits_right_after_its_recv():
 def test_a_mismatched_pair_leaves_a_third_rank_alone():
     res = ok(comm_harness.run(3, p2p_workers.third_rank_unaffected, seed(), deadline=120))
     assert res[0] == ["mismatch", True] and res[1] == ["mismatch", True] and res[2] == ["sent"], res
+
+
+def test_a_link_slower_than_calibrated_turns_sends_compressed():
+    res = ok(comm_harness.run(2, p2p_workers.link_seen, seed(), deadline=180))
+    from portable_zip.comm.observed import LinkSeen
+    plans, factor = res[0]
+    run = LinkSeen.RUN
+    assert res[1] == "received", res
+    assert plans[:run] == ["raw"] * run and plans[run] == "compressed", plans
+    assert plans[run:].count("compressed") >= 6 and factor > 2, (plans, factor)

@@ -156,3 +156,40 @@ def test_one_hiccup_moves_nothing_faster_changes_nothing_and_slowness_passes():
     for _ in range(14):
         p.heard([1000])  # as predicted again
     assert p.slowdown < 1.01
+
+
+def test_a_link_seen_slower_is_followed_by_the_sender_alone():
+    from portable_zip.comm.observed import LinkSeen
+    seen, big, run = LinkSeen(), LinkSeen.MIN_BYTES, LinkSeen.RUN
+    seen.raw(1, big - 1, 10.0, 1.0)  # too small to say anything about the link
+    for _ in range(run - 1):
+        seen.raw(1, big, 3.0, 1.0)
+    assert seen.factor(1) == 1.0  # fewer than a run's observations move nothing
+    seen.raw(1, big, 40.0, 1.0)  # a stall among them: the run's median counts
+    assert seen.factor(1) == pytest.approx(2.0) and seen.factor(0) == 1.0  # halfway to 3; each peer its own
+    for _ in range(run):
+        seen.raw(1, big, 0.5, 1.0)  # faster than calibrated: never below 1
+    assert seen.factor(1) == 1.0
+    for _ in range(20):
+        seen.raw(1, big, 1000.0, 1.0)
+    assert seen.factor(1) == LinkSeen.RANGE[1]
+    seen.coded(1)
+    assert seen.factor(1) == pytest.approx(1 + (LinkSeen.RANGE[1] - 1) * LinkSeen.DECAY)
+    for _ in range(200):  # compressed for long enough: the link is tried raw again
+        seen.coded(1)
+    assert seen.factor(1) < 1.01
+    seen.raw(1, big, 0.0, 1.0)  # a receiver that reported no arrival time (an older peer): nothing learned
+    assert seen.factor(1) < 1.01
+
+
+def test_send_pays_on_a_link_slower_than_calibrated():
+    p = policy(link_gbps=10, codec_gbps=40, latency_us=50)
+    size = 16 << 20
+    assert p.choose("send", BF16, size, 2) == "native" and not p.send_pays(BF16, size, 1.0)
+    assert p.send_pays(BF16, size, 3.0)  # three decodes behind one link: each pair a third of it
+    assert not p.send_pays(torch.int64, size, 64.0) and not p.send_pays(BF16, 0, 64.0)
+    p.slowdown = 8.0  # compressed plans seen running slow weigh on it too
+    assert not p.send_pays(BF16, size, 4.0)
+    p.slowdown = 1.0
+    # A stream of messages: the next one's codec work overlaps this one's wire, no pipeline fill.
+    assert not p.send_pays(BF16, size, 1.5) and p.send_pays(BF16, size, 1.5, streaming=True)

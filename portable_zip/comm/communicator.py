@@ -26,6 +26,7 @@ from .collectives import REDUCIBLE, ReduceOp
 from .deadline import Deadline
 from .store import give_up
 from .p2p import PointToPoint
+from .observed import LinkSeen
 from .pieces import Call
 from .plans import Plans
 from .policy import Policy
@@ -126,7 +127,9 @@ class Communicator:
         self.tp.connect(Deadline(self.timeout))  # collective: every rank constructs its Communicator
         for tp in dict.fromkeys(self._channel.tps):
             tp.connect(Deadline(self.timeout))
-        self._p2p = PointToPoint(self._channel.tps, self._compresses, self.timeout, s.piece_bytes, self.max_sms)
+        self._seen = LinkSeen()
+        self._p2p = PointToPoint(self._channel.tps, self._compresses, self.timeout, s.piece_bytes, self.max_sms,
+                                 sent=self._sent if compress == "auto" and not lay.mixed else None)
         cached = calibration.cached_digest(self.policy, self.tp, self.parent_group, self._budget()) \
             if compress == "auto" else 0
         self._check_plans, reuse = agree.handshake(self.tp, compress, s.check_plans, cached, s.piece_bytes,
@@ -143,8 +146,22 @@ class Communicator:
         return merged([own, self._p2p.stats.view()]) if self._p2p is not None else own
 
     def _compresses(self, t: torch.Tensor, peer: int) -> bool:
-        """A message's plan, the sender's alone (the receiver reads it from the frame)."""
-        return self._plans.pair([t], peer) == "compressed"
+        """A message's plan, the sender's alone (the receiver reads it from the frame): under auto,
+        judged on the link to peer as this rank has seen it run (LinkSeen), once it ran slower than
+        calibrated, and with more queued behind it as a stream whose codec work overlaps the wire."""
+        if self._plans.pair([t], peer) == "compressed":
+            return True
+        link = self._seen.factor(peer)
+        return link > 1.0 and self._p2p.sent is not None and \
+            self.policy.send_pays(t.dtype, t.nbytes, link, self._p2p.backlog(peer))
+
+    def _sent(self, peer: int, t: torch.Tensor, coded: bool, seconds: float) -> None:
+        """A message peer has landed, its payloads having taken seconds to arrive there (PointToPoint's
+        report from the peer's ACK), under auto."""
+        if coded:
+            self._seen.coded(peer)
+        elif self.policy.cal is not None:
+            self._seen.raw(peer, t.nbytes, seconds, self.policy.predict("send", t.dtype, t.nbytes, 2)[0])
 
     def _budget(self) -> int:
         """The SM budget of a call's codec launches (0: all): max_sms, capped

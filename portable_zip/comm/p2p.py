@@ -51,6 +51,7 @@ OK, BAD_DTYPE_OR_SIZE, CORRUPT, BAD_COUNT, BAD_VERSION = 0, 1, 2, 3, 4
 # Frame words.
 W_MAGIC, W_VERSION, W_KIND, W_SEQ, W_TAG, W_DTYPE, W_NUMEL, W_PLAN, W_AT, W_N, W_BYTES, W_GROUP, W_STATUS, \
     W_THEIR_DTYPE, W_THEIR_NUMEL, W_LAST = range(FRAME_WORDS)
+W_ARRIVAL = W_AT  # ACK: microseconds the message's payloads took to arrive (what the sender learns of the link)
 
 
 @dataclass(eq=False)  # by identity: ops sit in sets
@@ -76,6 +77,7 @@ class _Staged:
     """A message that arrived before its receive: frames and payloads, as announced."""
     frames: List[list]
     payloads: List[torch.Tensor]
+    arrival: float = 0.0  # seconds its payloads took to arrive
 
 
 @dataclass
@@ -106,11 +108,14 @@ class PointToPoint:
     whose pair runs both directions on one stream, in posting order) one per
     direction, so a read waiting on the peer never holds up a send to it.
     compresses(t, peer): the sender's plan for t (the mode, and under auto the policy).
-    timeout: seconds an op may take. piece_bytes: PZ_PIECE_BYTES (0: the default cut)."""
+    timeout: seconds an op may take. piece_bytes: PZ_PIECE_BYTES (0: the default cut).
+    sent(peer, t, coded, seconds): told of each message the peer has landed, with the seconds its
+    payloads took to arrive there (the receiver's figure, in its ACK; 0 where it sent none)."""
 
     def __init__(self, tps: tuple, compresses: Callable[[torch.Tensor, int], bool], timeout: float,
-                 piece_bytes: int = 0, max_sms: Optional[int] = None):
-        self.tps, self.compresses, self.timeout = tps, compresses, timeout
+                 piece_bytes: int = 0, max_sms: Optional[int] = None,
+                 sent: Optional[Callable[[int, torch.Tensor, bool, float], None]] = None):
+        self.tps, self.compresses, self.timeout, self.sent = tps, compresses, timeout, sent
         self.piece_bytes, self.max_sms = piece_bytes, max_sms
         tp = tps[0]
         self.stats = Stats()
@@ -156,6 +161,14 @@ class PointToPoint:
                 p = self._peers[peer] = _Peer(self, peer)
             return p
 
+    def backlog(self, peer: int) -> bool:
+        """Whether more sends to peer wait behind the one leaving now (their codec work overlaps its wire)."""
+        p = self._peers.get(peer)
+        if p is None:
+            return False
+        with p.cv:  # the read thread queues ACKs here too
+            return any(isinstance(op, _Op) for op in p.sends)
+
     def coded(self, t: torch.Tensor, peer: int) -> bool:
         return t.dtype in CODED and t.numel() > 0 and bool(self.compresses(t, peer))
 
@@ -193,6 +206,7 @@ class _Peer:
         self.broken: Optional[BaseException] = None
         self.send_seq = 0
         self.out_lock = threading.Lock()  # a message's frame and payload go out back to back
+        self.arrival = 0.0  # read thread: seconds the message being read has spent arriving
         self.stopped = False
         self.landing: set = set()  # receives being filled (read thread, lander), not yet ACKed
         dev = self.out_tp.device
@@ -325,13 +339,14 @@ class _Peer:
             return self.out_tp.post([(SEND, t, self.peer) for t in ts if t.numel()])
 
     def _ack(self, seq: int, status: int, mine: Optional[_Op] = None, deadline: Optional[Deadline] = None,
-             then: Optional[Callable[[], None]] = None):
+             then: Optional[Callable[[], None]] = None, arrival: float = 0.0):
         """Queue an ACK ahead of the data to send: the send thread waits for it, never the read thread
         (gloo's send completes once the peer reads it, and the peer's read thread may be acking too).
         then runs once the peer has it: a receive completes only when its sender has heard, so a rank
         that exits right after its recv never leaves the sender without its ACK."""
         code, numel = (code_of(mine.t.dtype), mine.t.numel()) if mine is not None and mine.t is not None else (0, 0)
         frame = _frame(ACK, seq, 0, 0, 0, 0, 0, 0, 0, 0, status=status, their=(code, numel))
+        frame[W_ARRIVAL] = min(int(arrival * 1e6), 1 << 40)
         with self.cv:
             self.sends.appendleft(_Ack(frame, deadline or Deadline(self.o.timeout), then, mine))
             self.landing.discard(mine)
@@ -387,6 +402,8 @@ class _Peer:
         status = f[W_STATUS]
         if status == OK:
             self.o.stats.record("send", op.plan, op.t0, op.t.nbytes, op.wire)
+            if self.o.sent is not None:
+                self.o.sent(self.peer, op.t, op.plan == "compressed", f[W_ARRIVAL] * 1e-6)
             op.fut.set_result(None)
             return
         mine = describe(code_of(op.t.dtype), op.t.numel())
@@ -411,6 +428,7 @@ class _Peer:
         """A DATA frame that starts a message: match it to the oldest receive of its tag, or stage it."""
         if f[W_AT] != 0:
             raise PeerError(f"pz p2p: rank {self.peer} sent a message piece at element {f[W_AT]} with no start")
+        self.arrival = 0.0
         with self.cv:
             # Behind staged messages of its tag it waits its turn: they are older.
             op = None if self.staged.get(f[W_TAG]) else next((r for r in self.recvs if r.tag == f[W_TAG]), None)
@@ -420,7 +438,7 @@ class _Peer:
         if op is None:
             frames, payloads = self._take(f, deadline, into=None)
             with self.cv:
-                self.staged[f[W_TAG]].append(_Staged(frames, payloads))
+                self.staged[f[W_TAG]].append(_Staged(frames, payloads, self.arrival))
             return
         why = self._mismatch(f, op)
         if why is not None:
@@ -432,7 +450,7 @@ class _Peer:
         except _BadStream as e:
             self._refuse(op, f, CORRUPT, PeerError(str(e)))
             return
-        self._done(op, f)
+        self._done(op, f, self.arrival)
 
     def _mismatch(self, f: list, op: _Op):
         """Why op cannot take message f, as (status, error); None where it can (a receive of announced
@@ -465,13 +483,13 @@ class _Peer:
                 self._end(err)
         self._ack(f[W_SEQ], status, op, op.deadline, then)
 
-    def _done(self, op: _Op, f: list) -> None:
+    def _done(self, op: _Op, f: list, arrival: float) -> None:
         plan = "compressed" if f[W_PLAN] == CODED_PLAN else "raw"
 
         def then():
             self.o.stats.record("recv", plan, op.t0, 0, 0)
             _settle(op.fut, None, op.t if op.new is not None else None)
-        self._ack(f[W_SEQ], OK, op, op.deadline, then)
+        self._ack(f[W_SEQ], OK, op, op.deadline, then, arrival)
 
     def _take(self, f: list, deadline: Deadline, into: Optional[_Op]):
         """Read a message's pieces from the wire: into op's tensor, or (None) into staging buffers. A piece
@@ -512,7 +530,10 @@ class _Peer:
                             f"(dtype code {code}, {numel} elements, piece {at}+{n}, {nbytes} bytes)")
 
     def _recv_bytes(self, buf: torch.Tensor, deadline: Deadline) -> torch.Tensor:
+        """A payload, read thread only; its time counts toward the message's arrival."""
+        t0 = time.perf_counter()
         self.in_tp.wait(self.in_tp.post([(RECV, buf, self.peer)]), deadline)
+        self.arrival += time.perf_counter() - t0
         return buf
 
     def _land_piece(self, op: _Op, f: list, payload: Optional[torch.Tensor], deadline: Deadline) -> None:
@@ -572,7 +593,7 @@ class _Peer:
         except _BadStream as e:
             self._refuse(op, f, CORRUPT, PeerError(str(e)))
             return
-        self._done(op, f)
+        self._done(op, f, st.arrival)
 
 
 def _settle(fut: concurrent.futures.Future, err: Optional[BaseException], value=None) -> None:

@@ -83,8 +83,12 @@ class Policy:
         return zlib.crc32(repr(facts).encode())
 
     # --- decisions ---------------------------------------------------------
-    def predict(self, op: str, dtype: torch.dtype, nbytes: int, world: int):
-        """(native seconds, compressed seconds) for this rank."""
+    def predict(self, op: str, dtype: torch.dtype, nbytes: int, world: int, link: float = 1.0,
+                streaming: bool = False):
+        """(native seconds, compressed seconds) for this rank. Point to point
+        only: link, how much slower than calibrated the link runs (LinkSeen);
+        streaming, more messages queued behind this one, whose codec work
+        overlaps this one's wire, so no pipeline fill is paid."""
         c = self.cal
         a, b = c.alpha, c.beta
         r = self.ratio.get(dtype, 1.0)
@@ -97,7 +101,7 @@ class Policy:
         k = self.costs
         coll_rounds, second_phase_rounds = k.coll_rounds, k.second_phase_rounds
 
-        def piped(n, compress, wire, decompress, rounds):
+        def piped(n, compress, wire, decompress, rounds, fill=True):
             # Large transfers move as pieces: compress, wire and decompress
             # overlap, so the slowest stage sets the pace, plus one piece's
             # worth of the other two to fill and drain the pipeline, plus the
@@ -105,11 +109,13 @@ class Policy:
             piece = max(piece_bytes(int(n)), 1)
             stages = (compress, wire, decompress)
             host = k.host_exchange_s + k.host_wave_s * max(1, -(-n // piece))
-            return max(stages) + piece / max(n, 1) * (sum(stages) - max(stages)) + rounds * a + host
+            fill = piece / max(n, 1) * (sum(stages) - max(stages)) if fill else 0.0
+            return max(stages) + fill + rounds * a + host
 
         if op in ("send", "recv"):
             na, nb = c.native.get("send", (a, b))
-            return na + nbytes * nb, piped(nbytes, nbytes * cc, r * nbytes * nb, nbytes * cd, 1)
+            nb *= link
+            return na + nbytes * nb, piped(nbytes, nbytes * cc, r * nbytes * nb, nbytes * cd, 1, not streaming)
         if op == "broadcast":
             return (a * w1.bit_length() + nbytes * b,
                     piped(nbytes, nbytes * cc, w1 * r * nbytes * b, nbytes * cd, coll_rounds))
@@ -211,6 +217,16 @@ class Policy:
                 self._decided.clear()
             self._decided[key] = plan
         return plan
+
+    def send_pays(self, dtype: torch.dtype, nbytes: int, link: float, streaming: bool = False) -> bool:
+        """Whether a message of nbytes gains from compression on a link
+        running link times slower than calibrated (streaming: with more
+        queued behind it): the sender's own judgement (point to point needs
+        no agreement), not cached."""
+        if self.cal is None or dtype not in CODED or nbytes == 0:
+            return False
+        native, coded = self.predict("send", dtype, nbytes, 2, link, streaming)
+        return coded * self.slowdown < native * (1 - self.margin)
 
     def observe(self, streams) -> None:
         """Update the running ratio from streams every rank saw alike."""
