@@ -117,12 +117,13 @@ def test_torch_paths_layouts_and_forwarded_ops():
         assert v == [True, True, True, True, True, True, True, "pz"], (seed, r, v)
 
 
-def test_native_ops_take_the_thin_path_with_gloos_bytes():
+@pytest.mark.parametrize("world", [2, 3])
+def test_native_ops_take_the_thin_path_with_gloos_bytes(world):
     """PZ_CHECK_PLANS=0 (users' default; with it on every op agrees its spec
     on the full path) and a codec said to be slow, so auto sends every op native."""
     seed = int(np.random.default_rng().integers(0, 2**31))
     env = {"PZ_CHECK_PLANS": "0", "PZ_CODEC_GBPS": "0.01"}
-    res = ok(run(2, backend_workers.thin_native, seed, env=env, deadline=240))
+    res = ok(run(world, backend_workers.thin_native, seed, env=env, deadline=240))
     for r, (n, bad, plans, held, kinds) in res.items():
         assert n == 3 * 2 * 3 * 2 * 6 and not bad, (seed, r, bad)
         want = {"all_reduce": 37, "broadcast": 36, "all_gather": 72, "reduce_scatter": 72}
