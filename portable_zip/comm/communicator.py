@@ -160,7 +160,7 @@ class Communicator:
         report from the peer's ACK), under auto."""
         if coded:
             self._seen.coded(peer)
-        elif self.policy.cal is not None:
+        elif self.policy.cal is not None and t.nbytes >= LinkSeen.MIN_BYTES:  # a small one says nothing: no model
             self._seen.raw(peer, t.nbytes, seconds, self.policy.predict("send", t.dtype, t.nbytes, 2)[0])
 
     def _budget(self) -> int:
