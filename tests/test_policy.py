@@ -193,3 +193,16 @@ def test_send_pays_on_a_link_slower_than_calibrated():
     p.slowdown = 1.0
     # A stream of messages: the next one's codec work overlaps this one's wire, no pipeline fill.
     assert not p.send_pays(BF16, size, 1.5) and p.send_pays(BF16, size, 1.5, streaming=True)
+
+
+def test_a_compressed_plan_is_never_faster_than_the_native_ops_own_latency():
+    # torch's all_gather timed at 5 ms a call on a loaded host: the compressed
+    # plan runs over the same transport, spec swap included, so a 30-byte op
+    # never looks cheaper compressed (it did: two p2p rounds of 10 us).
+    b = 1e-9 / 5  # the link's seconds per byte; at 3 ranks all_gather moves 2x, all_reduce 4/3x
+    slow = {"send": (5e-3, b), "all_gather": (5e-3, 2 * b), "all_reduce": (5e-3, 4 * b / 3)}
+    p = policy(link_gbps=5, codec_gbps=0.01, native=slow)
+    for op in ("send", "all_gather", "all_reduce"):
+        native, coded = p.predict(op, BF16, 30, 3)
+        assert coded >= 5e-3 and p.choose(op, BF16, 30, 3) == "native", (op, native, coded)
+    assert policy(link_gbps=5, codec_gbps=1000, native=slow).choose("all_gather", BF16, 256 << 20, 3) == "compressed"

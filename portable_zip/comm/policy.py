@@ -94,6 +94,10 @@ class Policy:
         r = self.ratio.get(dtype, 1.0)
         cc, cd = c.compress.get(dtype, 0.0), c.decompress.get(dtype, 0.0)
         w1 = max(world - 1, 1)
+        # A compressed plan runs over the same transport as the native op, with
+        # a spec swap and at least as many rounds: never faster than the native
+        # op's own measured latency (torch's all_gather, timed on a loaded host,
+        # can take longer than the p2p model's rounds).
         # Latency rounds of the compressed plans: collectives swap a spec
         # (then derive the control messages), fixed parts and tails;
         # all_reduce's second phase needs no new spec. Point to point has
@@ -115,13 +119,14 @@ class Policy:
         if op in ("send", "recv"):
             na, nb = c.native.get("send", (a, b))
             nb *= link
-            return na + nbytes * nb, piped(nbytes, nbytes * cc, r * nbytes * nb, nbytes * cd, 1, not streaming)
+            return na + nbytes * nb, max(na, piped(nbytes, nbytes * cc, r * nbytes * nb, nbytes * cd, 1, not streaming))
         if op == "broadcast":
             return (a * w1.bit_length() + nbytes * b,
                     piped(nbytes, nbytes * cc, w1 * r * nbytes * b, nbytes * cd, coll_rounds))
         if op == "all_gather":
             na, nb = c.native.get("all_gather", (w1 * a, w1 * b))
-            return na + nbytes * nb, piped(nbytes, nbytes * cc, w1 * r * nbytes * b, w1 * nbytes * cd, coll_rounds)
+            return na + nbytes * nb, max(na, piped(nbytes, nbytes * cc, w1 * r * nbytes * b, w1 * nbytes * cd,
+                                                   coll_rounds))
         s = nbytes / max(world, 1)
         one_phase_native = w1 * (a + s * b)
         one_phase_coded = piped(s, w1 * s * cc, w1 * s * r * b, w1 * s * cd, coll_rounds)
@@ -131,8 +136,8 @@ class Policy:
             return one_phase_native, one_phase_coded + nbytes * 1e-11
         if op == "all_reduce":
             na, nb = c.native.get("all_reduce", (2 * w1 * a, 2 * w1 * b / max(world, 1)))
-            return na + nbytes * nb, one_phase_coded + piped(s, s * cc, w1 * s * r * b, w1 * s * cd,
-                                                             second_phase_rounds)
+            return na + nbytes * nb, max(na, one_phase_coded + piped(s, s * cc, w1 * s * r * b, w1 * s * cd,
+                                                                     second_phase_rounds))
         raise ValueError(f"unknown op {op}")
 
     # --- learning from what ran ------------------------------------------------
