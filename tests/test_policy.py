@@ -161,24 +161,24 @@ def test_one_hiccup_moves_nothing_faster_changes_nothing_and_slowness_passes():
 def test_a_link_seen_slower_is_followed_by_the_sender_alone():
     from portable_zip.comm.observed import LinkSeen
     seen, big, run = LinkSeen(), LinkSeen.MIN_BYTES, LinkSeen.RUN
-    seen.raw(1, big - 1, 10.0, 1.0)  # too small to say anything about the link
+    seen.raw(1, big - 1, 10.0, lambda: 1.0)  # too small to say anything about the link
     for _ in range(run - 1):
-        seen.raw(1, big, 3.0, 1.0)
+        seen.raw(1, big, 3.0, lambda: 1.0)
     assert seen.factor(1) == 1.0  # fewer than a run's observations move nothing
-    seen.raw(1, big, 40.0, 1.0)  # a stall among them: the run's median counts
+    seen.raw(1, big, 40.0, lambda: 1.0)  # a stall among them: the run's median counts
     assert seen.factor(1) == pytest.approx(2.0) and seen.factor(0) == 1.0  # halfway to 3; each peer its own
     for _ in range(run):
-        seen.raw(1, big, 0.5, 1.0)  # faster than calibrated: never below 1
+        seen.raw(1, big, 0.5, lambda: 1.0)  # faster than calibrated: never below 1
     assert seen.factor(1) == 1.0
     for _ in range(20):
-        seen.raw(1, big, 1000.0, 1.0)
+        seen.raw(1, big, 1000.0, lambda: 1.0)
     assert seen.factor(1) == LinkSeen.RANGE[1]
     seen.coded(1)
     assert seen.factor(1) == pytest.approx(1 + (LinkSeen.RANGE[1] - 1) * LinkSeen.DECAY)
     for _ in range(200):  # compressed for long enough: the link is tried raw again
         seen.coded(1)
     assert seen.factor(1) < 1.01
-    seen.raw(1, big, 0.0, 1.0)  # a receiver that reported no arrival time (an older peer): nothing learned
+    seen.raw(1, big, 0.0, lambda: 1.0)  # a receiver that reported no arrival time (an older peer): nothing learned
     assert seen.factor(1) < 1.01
 
 

@@ -151,17 +151,16 @@ class Communicator:
         calibrated, and with more queued behind it as a stream whose codec work overlaps the wire."""
         if self._plans.pair([t], peer) == "compressed":
             return True
-        link = self._seen.factor(peer)
-        return link > 1.0 and self._p2p.sent is not None and \
-            self.policy.send_pays(t.dtype, t.nbytes, link, self._p2p.backlog(peer))
+        link = self._seen.factor(peer)  # above 1 only under auto: no other mode observes
+        return link > 1.0 and self.policy.send_pays(t.dtype, t.nbytes, link, self._p2p.backlog(peer))
 
     def _sent(self, peer: int, t: torch.Tensor, coded: bool, seconds: float) -> None:
         """A message peer has landed, its payloads having taken seconds to arrive there (PointToPoint's
         report from the peer's ACK), under auto."""
         if coded:
             self._seen.coded(peer)
-        elif self.policy.cal is not None and t.nbytes >= LinkSeen.MIN_BYTES:  # a small one says nothing: no model
-            self._seen.raw(peer, t.nbytes, seconds, self.policy.predict("send", t.dtype, t.nbytes, 2)[0])
+        elif self.policy.cal is not None:
+            self._seen.raw(peer, t.nbytes, seconds, lambda: self.policy.predict("send", t.dtype, t.nbytes, 2)[0])
 
     def _budget(self) -> int:
         """The SM budget of a call's codec launches (0: all): max_sms, capped

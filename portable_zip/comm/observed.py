@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import statistics
 import threading
-from typing import Dict, List
+from typing import Callable, Dict, List
 
 
 class LinkSeen:
@@ -35,9 +35,13 @@ class LinkSeen:
         """How much slower than calibrated the link to peer has run (1: as calibrated)."""
         return self._factor.get(peer, 1.0)
 
-    def raw(self, peer: int, nbytes: int, seconds: float, predicted: float) -> None:
-        """A raw message of nbytes to peer took seconds on the wire; the model predicted predicted."""
-        if nbytes < self.MIN_BYTES or predicted <= 0 or seconds <= 0:
+    def raw(self, peer: int, nbytes: int, seconds: float, predict: Callable[[], float]) -> None:
+        """A raw message of nbytes to peer took seconds to arrive; predict() gives the model's time
+        (asked only for a message large enough to say something of the link)."""
+        if nbytes < self.MIN_BYTES or seconds <= 0:
+            return
+        predicted = predict()
+        if predicted <= 0:
             return
         lo, hi = self.RANGE
         with self._lock:

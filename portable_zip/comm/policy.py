@@ -113,8 +113,8 @@ class Policy:
             piece = max(piece_bytes(int(n)), 1)
             stages = (compress, wire, decompress)
             host = k.host_exchange_s + k.host_wave_s * max(1, -(-n // piece))
-            fill = piece / max(n, 1) * (sum(stages) - max(stages)) if fill else 0.0
-            return max(stages) + fill + rounds * a + host
+            filling = piece / max(n, 1) * (sum(stages) - max(stages)) if fill else 0.0
+            return max(stages) + filling + rounds * a + host
 
         if op in ("send", "recv"):
             na, nb = c.native.get("send", (a, b))
@@ -194,8 +194,8 @@ class Policy:
         stages = (nbytes * cc, r * nbytes * c.beta, nbytes * cd)
         rounds = 1 if p2p else self.costs.coll_rounds
         coded = (max(stages) + piece / nbytes * (sum(stages) - max(stages)) + rounds * c.alpha
-                 + self.costs.host_exchange_s) * self.slowdown
-        return coded < raw * (1 - self.margin)
+                 + self.costs.host_exchange_s)
+        return self._pays(raw, coded)
 
     def any_pair_pays(self, dtype: torch.dtype, nbytes: int) -> bool:
         """Whether some pair of self.cross_pairs gains from compressing nbytes
@@ -217,7 +217,7 @@ class Policy:
                 plan = "native"
             else:
                 native, coded = self.predict(op, dtype, nbytes, world)
-                plan = "compressed" if coded * self.slowdown < native * (1 - self.margin) else "native"
+                plan = "compressed" if self._pays(native, coded) else "native"
             if len(self._decided) > 4096:
                 self._decided.clear()
             self._decided[key] = plan
@@ -231,6 +231,11 @@ class Policy:
         if self.cal is None or dtype not in CODED or nbytes == 0:
             return False
         native, coded = self.predict("send", dtype, nbytes, 2, link, streaming)
+        return self._pays(native, coded)
+
+    def _pays(self, native: float, coded: float) -> bool:
+        """The rule every decision applies: the coded prediction, times the
+        agreed slowdown, beats the native one by the margin."""
         return coded * self.slowdown < native * (1 - self.margin)
 
     def observe(self, streams) -> None:
