@@ -179,6 +179,7 @@ def netns_main(a) -> None:
         limit_s = 8 * a.decodes * r["bytes"] / (limit["gbit"] * 1e9)  # every decode's bytes leave the prefill's link
         raw = rows.get((tokens, "never"))
         line = {"tokens": tokens, "mode": mode, "MiB": r["bytes"] / 2**20, "seconds": r["seconds"],
+                "seconds_all": r["seconds_all"],  # each rep: the spread says what a gap between modes means
                 "x_vs_never": raw["seconds"] / r["seconds"] if raw else None, "x_vs_link_limit": limit_s / r["seconds"],
                 "plans": r["plans"]}
         if "pipelined" in r:

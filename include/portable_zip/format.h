@@ -243,15 +243,17 @@ PZ_HOST_DEVICE constexpr uint64_t max_segment_bytes(uint64_t nsym_in_block) {
   return align_up(1 + nsym_in_block, kAlign);
 }
 
-// Deterministic block size from the symbol count alone: aim for >= 256
-// blocks (parallelism) but never below 2^12 symbols (table/state overhead),
-// up to 2^14; where 64 lanes are allowed (`wide`: plan_header says which
-// codec and dtypes), kWideBlockLog2 from kWideMinSymbols on.
+// Deterministic block size from the symbol count alone: 2^12 symbols (never
+// less: table/state overhead); 2^13 once 256 such blocks fit; 2^14 once 1024
+// do. A block is one GPU group's serial chain, and below ~1024 groups most of
+// the GPU's schedulers idle: 2^14 from 256 blocks on ran 8-16 MiB of bf16
+// 25-35% slower both ways for 0.0044 of ratio (bench/NOTES.md, plan sweep).
+// Where 64 lanes are allowed (`wide`: plan_header says which codec and
+// dtypes), kWideBlockLog2 from kWideMinSymbols on.
+constexpr uint64_t kBlocks13 = 256, kBlocks14 = 1024;
 inline int choose_block_log2(uint64_t nsym, bool wide) {
   if (wide && nsym >= kWideMinSymbols) return kWideBlockLog2;
-  int lg = 12;
-  while (lg < kWideBlockLog2 - 1 && (nsym >> (lg + 1)) >= 256) ++lg;
-  return lg;
+  return (nsym >> 14) >= kBlocks14 ? 14 : (nsym >> 13) >= kBlocks13 ? 13 : 12;
 }
 
 // Symbols per rANS row: kLaneRun per lane.
