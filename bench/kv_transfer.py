@@ -96,12 +96,18 @@ def link_worker(spec: str) -> None:
         decodes = list(range(1, dist.get_world_size()))
         mine = kv if rank == 0 else [torch.empty(2, blocks + 7, *t.shape[2:], dtype=t.dtype, device=device) for t in kv]
         layers = [KVLayer(kv=t) for t in mine]
-        for mode in a["modes"]:
-            comm = pz.Communicator(compress=mode, transport=transport, device=device, timeout=900)
-            side = KVSender(comm, decodes) if rank == 0 else KVReceiver(comm, [0])
-            times = []
-            for rep in range(a["reps"] + 1):  # the first one warms up (and auto's policy sees the link)
+        want = paged(tokens, a["data"], a["dtype"], device) if rank else None
+        # Every mode's sender and receiver at once, and the reps interleaved (mode by mode within a rep): a
+        # drift of the host or the link lands on every mode alike, not on whichever ran last.
+        comms = {m: pz.Communicator(compress=m, transport=transport, device=device, timeout=900) for m in a["modes"]}
+        sides = {m: KVSender(c, decodes) if rank == 0 else KVReceiver(c, [0]) for m, c in comms.items()}
+        times = {m: [] for m in a["modes"]}
+        for rep in range(a["reps"] + 1):  # the first one warms up (and auto's policy sees the link)
+            for mode, side in sides.items():
                 rid = f"t{tokens}-{mode}-{rep}"
+                if rank:
+                    for t in mine:  # each transfer must bring every block itself
+                        t.zero_()
                 dist.barrier()
                 t0 = time.perf_counter()
                 if rank == 0:
@@ -112,21 +118,22 @@ def link_worker(spec: str) -> None:
                     if device.type == "cuda":
                         torch.cuda.synchronize()
                 if rep:
-                    times.append(time.perf_counter() - t0)
-            if rank:  # the decode's blocks equal the prefill's, bit for bit
-                want = paged(tokens, a["data"], a["dtype"], device)
-                for t, w in zip(mine, want):
-                    if not torch.equal(t[:, ids[1]].view(torch.uint8), w[:, ids[0]].view(torch.uint8)):
-                        raise AssertionError(f"{tokens} tokens, {mode}: the decode's blocks differ")
-            row = {"tokens": tokens, "mode": mode, "bytes": nbytes, "seconds": statistics.median(times),
-                   "seconds_all": times, "plans": {op: dict(st["plans"]) for op, st in comm.stats.items()
-                                                   if op in ("send", "recv")}}
+                    times[mode].append(time.perf_counter() - t0)
+                if rank:  # the decode's blocks equal the prefill's, bit for bit
+                    for t, w in zip(mine, want):
+                        if not torch.equal(t[:, ids[1]].view(torch.uint8), w[:, ids[0]].view(torch.uint8)):
+                            raise AssertionError(f"{tokens} tokens, {mode}, rep {rep}: the decode's blocks differ")
+        for mode, side in sides.items():
+            comm = comms[mode]
+            row = {"tokens": tokens, "mode": mode, "bytes": nbytes, "seconds": statistics.median(times[mode]),
+                   "seconds_all": times[mode], "plans": {op: dict(st["plans"]) for op, st in comm.stats.items()
+                                                         if op in ("send", "recv")}}
             if a["pipelined"] and tokens == max(a["tokens"]) and len(decodes) == 1:
                 row["pipelined"] = pipelined(rank, side, layers, ids, a["layer_s"].get(str(tokens), 0.0), mode)
             side.close()
             comm.close()
             out["rows"].append(row)
-            del side
+        del sides, comms, want
     dist.barrier()
     dist.destroy_process_group()
     netns.report({"rank": rank, "result": out})
