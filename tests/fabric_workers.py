@@ -264,3 +264,29 @@ def sm_budget_everywhere(rank, world, seed):
         reports[name] = _C.launch_report(False)
         comm.close()
     return reports, torch.cuda.get_device_properties(device()).multi_processor_count
+
+
+def measured_exchange(rank, world):
+    """auto over the fabric measures its host cost per compressed exchange at
+    construction: the figure every rank holds is the same, the measuring
+    exchange is not in the stats, and the policy starts from a clean slate."""
+    comm = pz.Communicator(compress="auto", transport="fabric", timeout=60)
+    pol = comm.policy
+    host = pol.cal.host_exchange_s
+    check(host is not None and host >= 0.0, f"no measured host cost: {host}")
+    check(pol.host_exchange() == host and "host per exchange" in pol.cal.describe(), "the model ignores it")
+    check(comm.stats == {}, f"the measuring exchange shows in the stats: {comm.stats}")
+    check(pol.slowdown == 1.0 and pol.report() == 0, "the measurement left an observation behind")
+    everyone = [None] * world
+    dist.all_gather_object(everyone, (host, pol.fingerprint(torch.bfloat16)))
+    check(len(set(everyone)) == 1, f"ranks hold different figures: {everyone}")
+    again = pz.Communicator(compress="auto", transport="fabric", timeout=60)  # the cached calibration holds it
+    check(again.policy.cal.host_exchange_s == host and again.stats == {}, "the cache lost the measured cost")
+    t = data(1, rank, 0, 70_001, torch.bfloat16)
+    out = empty(world * t.numel(), dtype=t.dtype)
+    comm.all_gather_single(out, t)
+    check(all(same(out[r * t.numel():(r + 1) * t.numel()].cpu(), data(1, r, 0, 70_001, torch.bfloat16))
+              for r in range(world)), "all_gather after the measurement is wrong")
+    again.close()
+    comm.close()
+    return host

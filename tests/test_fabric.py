@@ -42,6 +42,12 @@ def test_every_op_every_dtype_over_fabric(world):
     assert "tcp;ofi_rxm" in res[0][1]
 
 
+@pytest.mark.parametrize("world", [2, 3])
+def test_auto_measures_its_host_cost_per_exchange(world):
+    res = ok(run(world, fabric_workers.measured_exchange))
+    assert len(set(res.values())) == 1, res
+
+
 @pytest.mark.parametrize("world,domains", [(4, [[0, 1], [2, 3]]), (3, [[0], [1, 2]]), (4, [[0, 2], [1, 3]])])
 def test_mixed_domains(world, domains):
     """Two 'vendors' of CPU ranks: gloo inside each domain, fabric between;

@@ -88,6 +88,25 @@ def calibrate(policy: Policy, tp: Transport, group, timeout: float, cache_group,
     return policy.cal
 
 
+EXCHANGE_BYTES = 1 << 20  # a rank's input to the measured exchange: FSDP's per-layer collectives are 1-4 MiB
+
+
+def measure_exchange(policy: Policy, run: Callable[[], None], world: int, device: torch.device,
+                     swap: Callable[[List[float]], list]) -> float:
+    """Host seconds per compressed exchange on this transport, in place of
+    its constant: run() is one compressed all_gather of EXCHANGE_BYTES of
+    bf16 a rank; its best time of two (after a warm-up), less what the model
+    predicts for it without that term, is this rank's figure, and the
+    slowest rank's is agreed (policy.cal.host_exchange_s). Collective."""
+    run()  # warm-up
+    best = _best_of(run, 2, device)
+    policy.cal.host_exchange_s = 0.0
+    mine = max(best - policy.predict("all_gather", torch.bfloat16, EXCHANGE_BYTES, world)[1], 0.0)
+    policy.cal.host_exchange_s = max(row[0] for row in swap([mine]))
+    policy.forget()
+    return policy.cal.host_exchange_s
+
+
 def measure_link(tp: Transport, deadline: Deadline, all_gpu: bool):
     if tp.world == 1:
         return 0.0, 0.0
@@ -158,17 +177,21 @@ def _alpha_beta(make_run, small: int, big: int, device: torch.device):
     """(alpha, beta) fitted to the best of 3 timed runs of make_run(size)() at two sizes."""
     times = {}
     for size in (small, big):
-        run = make_run(size)
-        best = float("inf")
-        for _ in range(3):
-            _sync(device)
-            t0 = time.perf_counter()
-            run()
-            _sync(device)
-            best = min(best, time.perf_counter() - t0)
-        times[size] = best
+        times[size] = _best_of(make_run(size), 3, device)
     beta = max((times[big] - times[small]) / (big - small), 1e-13)
     return max(times[small] - small * beta, 0.0), beta
+
+
+def _best_of(run: Callable[[], None], reps: int, device: torch.device) -> float:
+    """The least seconds of reps timed calls of run(), the device drained around each."""
+    best = float("inf")
+    for _ in range(reps):
+        _sync(device)
+        t0 = time.perf_counter()
+        run()
+        _sync(device)
+        best = min(best, time.perf_counter() - t0)
+    return best
 
 
 def _sync(device: torch.device) -> None:

@@ -135,9 +135,27 @@ class Communicator:
         self._check_plans, reuse = agree.handshake(self.tp, compress, s.check_plans, cached, s.piece_bytes,
                                                    s.wave_bytes, Deadline(self.timeout))
         if compress == "auto":
+            swap = lambda v: agree.swap_all(self.tp, v, Deadline(self.timeout), torch.float64)  # noqa: E731
             calibration.calibrate(self.policy, self.tp, self.group, self.timeout, self.parent_group, reuse,
-                                  swap=lambda v: agree.swap_all(self.tp, v, Deadline(self.timeout), torch.float64),
-                                  torch_native=self._native, all_gpu=lay.all_gpu, max_sms=self._budget())
+                                  swap=swap, torch_native=self._native, all_gpu=lay.all_gpu, max_sms=self._budget())
+            # The fabric's host cost per compressed exchange is measured, not assumed (its constant came from
+            # 32-64 MiB sends and overstates small exchanges' cost); a cached calibration holds it already.
+            if self.tp.backend == "fabric" and not lay.mixed and self.world > 1 \
+                    and self.policy.cal.host_exchange_s is None:
+                calibration.measure_exchange(self.policy, self._exchange_once, self.world, self.device, swap)
+
+    def _exchange_once(self) -> None:
+        """One compressed all_gather of calibration.EXCHANGE_BYTES of bf16 a rank, left out of the stats."""
+        n = calibration.EXCHANGE_BYTES // 2
+        g = torch.Generator(device="cpu").manual_seed(self.rank)
+        inp = (torch.randn(n, generator=g) * 0.02).to(torch.bfloat16).to(self.device)
+        out = torch.empty(self.world * n, dtype=torch.bfloat16, device=self.device)
+        mode, self._plans.mode = self._plans.mode, "always"
+        try:
+            self.all_gather_single(out, inp)
+        finally:
+            self._plans.mode = mode
+            self._stats = Stats()
 
     # --- plumbing -------------------------------------------------------------
     @property

@@ -50,12 +50,16 @@ class Calibration:
     # Every rank's own (compress, decompress) seconds per byte per dtype, for
     # per-pair decisions in mixed clusters (a GPU pair and a GPU-CPU pair differ).
     per_rank: List[tuple] = field(default_factory=list)
+    # Host time per compressed exchange, measured on this transport (calibration.measure_exchange), in place
+    # of the transport's constant; None: the constant.
+    host_exchange_s: Optional[float] = None
 
     def describe(self) -> str:
         bf = torch.bfloat16
+        host = "" if self.host_exchange_s is None else f"; {self.host_exchange_s * 1e6:.0f} us host per exchange"
         return (f"link {1e-9 / self.beta if self.beta else float('inf'):.2f} GB/s, {self.alpha * 1e6:.1f} us; "
                 f"bf16 codec {1e-9 / self.compress.get(bf, 1e-30):.1f}/{1e-9 / self.decompress.get(bf, 1e-30):.1f} "
-                f"GB/s ({self.source})")
+                f"GB/s{host} ({self.source})")
 
 
 class Policy:
@@ -79,7 +83,7 @@ class Policy:
         c = self.cal
         facts = (self.margin, self.ratio.get(dtype), self.costs, self.slowdown, None if c is None else
                  (c.alpha, c.beta, c.compress.get(dtype), c.decompress.get(dtype), sorted(c.native.items()),
-                  [(cr.get(dtype), dr.get(dtype)) for cr, dr in c.per_rank]))
+                  [(cr.get(dtype), dr.get(dtype)) for cr, dr in c.per_rank], c.host_exchange_s))
         return zlib.crc32(repr(facts).encode())
 
     # --- decisions ---------------------------------------------------------
@@ -104,6 +108,7 @@ class Policy:
         # one, as raw does: its frame travels with the payload.
         k = self.costs
         coll_rounds, second_phase_rounds = k.coll_rounds, k.second_phase_rounds
+        host_exchange = self.host_exchange()
 
         def piped(n, compress, wire, decompress, rounds, fill=True):
             # Large transfers move as pieces: compress, wire and decompress
@@ -112,7 +117,7 @@ class Policy:
             # host's work per exchange and per wave (launches, header reads).
             piece = max(piece_bytes(int(n)), 1)
             stages = (compress, wire, decompress)
-            host = k.host_exchange_s + k.host_wave_s * max(1, -(-n // piece))
+            host = host_exchange + k.host_wave_s * max(1, -(-n // piece))
             filling = piece / max(n, 1) * (sum(stages) - max(stages)) if fill else 0.0
             return max(stages) + filling + rounds * a + host
 
@@ -177,6 +182,19 @@ class Policy:
         a = self.SLOWDOWN_WEIGHT
         self.slowdown = min(max((1 - a) * self.slowdown + a * min(self._heard), lo), hi)
 
+    def host_exchange(self) -> float:
+        """Host seconds a compressed exchange costs beyond its stages: measured where calibration did, else
+        the transport's constant."""
+        c = self.cal
+        return self.costs.host_exchange_s if c is None or c.host_exchange_s is None else c.host_exchange_s
+
+    def forget(self) -> None:
+        """Drop what runs taught so far (observations, slowdown, cached
+        decisions): calibration's own exchanges are not the workload's. Every
+        rank calls it at the same point, so the state stays agreed."""
+        self.slowdown, self._heard, self._seen = 1.0, [], 0
+        self._decided.clear()
+
     def pair_pays(self, dtype: torch.dtype, nbytes: int, i: int, j: int, p2p: bool = False) -> bool:
         """Whether compressing nbytes between ranks i and j beats sending them
         raw on the agreed link, with the slower end's codec at each stage.
@@ -194,7 +212,7 @@ class Policy:
         stages = (nbytes * cc, r * nbytes * c.beta, nbytes * cd)
         rounds = 1 if p2p else self.costs.coll_rounds
         coded = (max(stages) + piece / nbytes * (sum(stages) - max(stages)) + rounds * c.alpha
-                 + self.costs.host_exchange_s)
+                 + self.host_exchange())
         return self._pays(raw, coded)
 
     def any_pair_pays(self, dtype: torch.dtype, nbytes: int) -> bool:
