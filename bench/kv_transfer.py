@@ -102,12 +102,16 @@ def link_worker(spec: str) -> None:
         comms = {m: pz.Communicator(compress=m, transport=transport, device=device, timeout=900) for m in a["modes"]}
         sides = {m: KVSender(c, decodes) if rank == 0 else KVReceiver(c, [0]) for m, c in comms.items()}
         times = {m: [] for m in a["modes"]}
+        modes = list(sides)
         for rep in range(a["reps"] + 1):  # the first one warms up (and auto's policy sees the link)
-            for mode, side in sides.items():
+            for mode in modes[rep % len(modes):] + modes[:rep % len(modes)]:  # each mode first in turn
+                side = sides[mode]
                 rid = f"t{tokens}-{mode}-{rep}"
                 if rank:
                     for t in mine:  # each transfer must bring every block itself
                         t.zero_()
+                    if device.type == "cuda":
+                        torch.cuda.synchronize()
                 dist.barrier()
                 t0 = time.perf_counter()
                 if rank == 0:

@@ -58,7 +58,7 @@ def main() -> int:
     a = p.parse_args()
     rows = []
     for dist in ("normal", "uniform"):
-        # The encoder's block sizes (2^12 below 2 MiB of bf16, 2^13 at 4 MiB, 2^14 from 8 MiB) and 2^15 (K = 2 there
+        # The encoder's block sizes (2^12 below 4 MiB of bf16, 2^13 from 4 MiB, 2^14 from 32 MiB) and 2^15 (K = 2 there
         # keeps 2^14's chain length).
         for lg in (12, 13, 14, 15):
             n = 1 << lg

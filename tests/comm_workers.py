@@ -268,7 +268,7 @@ def mismatch(rank, world, kind):
             comm.all_gather_single(empty(world * 10, dtype=DTYPES[rank]), torch.zeros(10, dtype=DTYPES[rank], device=device()))
         elif kind == "version":
             if rank == 1:
-                agree.WIRE_VERSION = agree.WIRE_VERSION + (1 << 8)  # a peer on format v2
+                agree.WIRE_VERSION = agree.WIRE_VERSION + (1 << 8)  # a peer on the next format version
             comm.all_gather_single(empty(world * 10, dtype=torch.float32), torch.zeros(10, device=device()))
         elif kind == "p2p_version":
             if rank == 1:

@@ -277,6 +277,16 @@ def measured_exchange(rank, world):
     check(pol.host_exchange() == host and "host per exchange" in pol.cal.describe(), "the model ignores it")
     check(comm.stats == {}, f"the measuring exchange shows in the stats: {comm.stats}")
     check(pol.slowdown == 1.0 and pol.report() == 0, "the measurement left an observation behind")
+    from portable_zip.comm.policy import PRIOR_RATIO
+    check(pol.ratio == PRIOR_RATIO, f"the measuring streams moved the ratio: {pol.ratio}")
+    # Collectives' predictions carry the measured figure; point to point keeps the transport's constant.
+    import dataclasses
+    cal, n = pol.cal, 4 << 20
+    before = [pol.predict(op, torch.bfloat16, n, world)[1] for op in ("all_gather", "send")]
+    pol.cal = dataclasses.replace(cal, host_exchange_s=host + 1.0)
+    after = [pol.predict(op, torch.bfloat16, n, world)[1] for op in ("all_gather", "send")]
+    pol.cal = cal
+    check(abs(after[0] - before[0] - 1.0) < 1e-9 and after[1] == before[1], f"predictions: {before} -> {after}")
     everyone = [None] * world
     dist.all_gather_object(everyone, (host, pol.fingerprint(torch.bfloat16)))
     check(len(set(everyone)) == 1, f"ranks hold different figures: {everyone}")

@@ -55,10 +55,11 @@ def test_gpu_sizes(coded_dtype, numel):
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float8_e4m3fn])
 def test_gpu_sizes_past_staging(dtype):
-    """Blocks of 2^14 symbols whose rANS segments pass the encoder's 8 KB
-    shared-memory staging (gpu_params.h: the rest spills to a global slot):
-    same bytes as the CPU, and they decode."""
-    t = torch.from_numpy(fresh_rng().standard_normal(1 << 23).astype(np.float32)).to(dtype)
+    """Blocks of 2^14 symbols (the plan from 2^24 symbols) whose rANS segments
+    pass the encoder's 8 KB shared-memory staging (gpu_params.h: the rest
+    spills to a global slot): same bytes as the CPU, and they decode."""
+    per = 2 if dtype.itemsize == 1 else 1  # fp8 codes element pairs
+    t = torch.from_numpy(fresh_rng().standard_normal(per << 24).astype(np.float32)).to(dtype)
     info = pz.inspect(pz.compress(t))
     assert info["block_symbols"] == 1 << 14 and info["coded_bytes"] > 8192 * info["blocks"], info
     gpu_roundtrip(t)
@@ -70,10 +71,11 @@ def test_gpu_sizes_past_staging_every_path():
     kernel) and one SM (every CTA reuses its slot for many blocks). Each
     against the CPU's bytes."""
     rng = fresh_rng()
-    t = torch.from_numpy(rng.standard_normal((1 << 23) + 14_000).astype(np.float32)).to(torch.float16)
+    t = torch.from_numpy(rng.standard_normal((1 << 24) + 14_000).astype(np.float32)).to(torch.float16)
+    assert pz.inspect(pz.compress(t))["block_symbols"] == 1 << 14
     gpu_roundtrip(t)  # the last block: 14,000 symbols, ~9.8 KB
     gpu_roundtrip(t, offset=1)
-    u = torch.from_numpy(rng.standard_normal(1 << 23).astype(np.float32)).to(torch.float16)
+    u = torch.from_numpy(rng.standard_normal(1 << 24).astype(np.float32)).to(torch.float16)
     ts = [t, u]
     for got, x in zip(pz.compress_batch([x.to(DEV) for x in ts]), ts):
         assert torch.equal(pz.trim(got).cpu(), pz.compress(x))

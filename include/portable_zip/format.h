@@ -246,8 +246,9 @@ PZ_HOST_DEVICE constexpr uint64_t max_segment_bytes(uint64_t nsym_in_block) {
 // Deterministic block size from the symbol count alone: 2^12 symbols (never
 // less: table/state overhead); 2^13 once 256 such blocks fit; 2^14 once 1024
 // do. A block is one GPU group's serial chain, and below ~1024 groups most of
-// the GPU's schedulers idle: 2^14 from 256 blocks on ran 8-16 MiB of bf16
-// 25-35% slower both ways for 0.0044 of ratio (bench/NOTES.md, plan sweep).
+// the GPU's schedulers idle: at 16 MiB of bf16, 2^13 took 26% less time to
+// compress and 35% less to decompress than 2^14, for 0.0044 of ratio
+// (bench/NOTES.md, plan sweep).
 // Where 64 lanes are allowed (`wide`: plan_header says which codec and
 // dtypes), kWideBlockLog2 from kWideMinSymbols on.
 constexpr uint64_t kBlocks13 = 256, kBlocks14 = 1024;

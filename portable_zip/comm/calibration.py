@@ -4,6 +4,7 @@ codec on this device; then agreeing on the slowest rank's figures, so every
 rank's policy holds the same numbers (the agreement rule, docs/COMM.md)."""
 from __future__ import annotations
 
+import dataclasses
 import time
 import weakref
 import zlib
@@ -96,15 +97,23 @@ def measure_exchange(policy: Policy, run: Callable[[], None], world: int, device
     """Host seconds per compressed exchange on this transport, in place of
     its constant: run() is one compressed all_gather of EXCHANGE_BYTES of
     bf16 a rank; its best time of two (after a warm-up), less what the model
-    predicts for it without that term, is this rank's figure, and the
-    slowest rank's is agreed (policy.cal.host_exchange_s). Collective."""
+    predicts for it with no host term (and no native floor), is this rank's
+    figure, and the slowest rank's is agreed (policy.cal.host_exchange_s,
+    set only once agreed). What the runs taught the policy (the ratio, the
+    observations) is dropped. Collective."""
+    ratio = dict(policy.ratio)
     run()  # warm-up
     best = _best_of(run, 2, device)
-    policy.cal.host_exchange_s = 0.0
-    mine = max(best - policy.predict("all_gather", torch.bfloat16, EXCHANGE_BYTES, world)[1], 0.0)
-    policy.cal.host_exchange_s = max(row[0] for row in swap([mine]))
+    probe = Policy(costs=policy.costs)
+    probe.ratio = ratio
+    nb = policy.cal.native.get("all_gather", (0.0, 0.0))[1]
+    probe.cal = dataclasses.replace(policy.cal, host_exchange_s=0.0, native={**policy.cal.native, "all_gather": (0.0, nb)})
+    mine = max(best - probe.predict("all_gather", torch.bfloat16, EXCHANGE_BYTES, world)[1], 0.0)
+    agreed = max(row[0] for row in swap([mine]))
+    policy.ratio = ratio
     policy.forget()
-    return policy.cal.host_exchange_s
+    policy.cal.host_exchange_s = agreed
+    return agreed
 
 
 def measure_link(tp: Transport, deadline: Deadline, all_gpu: bool):

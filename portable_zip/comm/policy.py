@@ -108,7 +108,8 @@ class Policy:
         # one, as raw does: its frame travels with the payload.
         k = self.costs
         coll_rounds, second_phase_rounds = k.coll_rounds, k.second_phase_rounds
-        host_exchange = self.host_exchange()
+        # Point to point keeps the transport's constant: the measured figure is a collective's (host_exchange).
+        host_exchange = k.host_exchange_s if op in ("send", "recv") else self.host_exchange()
 
         def piped(n, compress, wire, decompress, rounds, fill=True):
             # Large transfers move as pieces: compress, wire and decompress
@@ -183,8 +184,8 @@ class Policy:
         self.slowdown = min(max((1 - a) * self.slowdown + a * min(self._heard), lo), hi)
 
     def host_exchange(self) -> float:
-        """Host seconds a compressed exchange costs beyond its stages: measured where calibration did, else
-        the transport's constant."""
+        """Host seconds a compressed collective's exchange costs beyond its stages: measured where
+        calibration did (the fabric, one domain), else the transport's constant."""
         c = self.cal
         return self.costs.host_exchange_s if c is None or c.host_exchange_s is None else c.host_exchange_s
 

@@ -28,7 +28,9 @@ _KIND = {SEND: 0, RECV: 1, SEND_SIZED: 2, RECV_SIZED: 3}  # the engine's op code
 # took ~2 ms more than ratio x raw (16 MiB: 1.2 ms; h200-fabric-auto.json,
 # d0bda34): the header read-back, the staging of the sized message's first
 # chunk, and the stream's fewer chunks filling the rails less. With 0.9 ms
-# auto compressed 32 MiB sends at 0.93x of raw.
+# auto compressed 32 MiB sends at 0.93x of raw. Collectives in one domain
+# use the figure measured at construction instead (calibration.measure_exchange);
+# point to point and mixed clusters keep this one.
 FABRIC_COSTS = TransportCosts(coll_rounds=2, second_phase_rounds=1, host_exchange_s=2e-3)
 
 
