@@ -142,20 +142,24 @@ class Communicator:
             # 32-64 MiB sends and overstates small exchanges' cost); a cached calibration holds it already.
             if self.tp.backend == "fabric" and not lay.mixed and self.world > 1 \
                     and self.policy.cal.host_exchange_s is None:
-                calibration.measure_exchange(self.policy, self._exchange_once, self.world, self.device, swap)
+                calibration.measure_exchange(self.policy, self._exchange(), self.world, self.device, swap)
+                self._stats = Stats()  # the measuring exchanges are not the caller's ops
 
-    def _exchange_once(self) -> None:
-        """One compressed all_gather of calibration.EXCHANGE_BYTES of bf16 a rank, left out of the stats."""
+    def _exchange(self):
+        """A run of one compressed all_gather of calibration.EXCHANGE_BYTES of bf16 a rank; its tensors
+        are built once, outside the runs that are timed."""
         n = calibration.EXCHANGE_BYTES // 2
         g = torch.Generator(device="cpu").manual_seed(self.rank)
         inp = (torch.randn(n, generator=g) * 0.02).to(torch.bfloat16).to(self.device)
         out = torch.empty(self.world * n, dtype=torch.bfloat16, device=self.device)
-        mode, self._plans.mode = self._plans.mode, "always"
-        try:
-            self.all_gather_single(out, inp)
-        finally:
-            self._plans.mode = mode
-            self._stats = Stats()
+
+        def run() -> None:
+            mode, self._plans.mode = self._plans.mode, "always"
+            try:
+                self.all_gather_single(out, inp)
+            finally:
+                self._plans.mode = mode
+        return run
 
     # --- plumbing -------------------------------------------------------------
     @property
