@@ -55,11 +55,11 @@ def test_gpu_sizes(coded_dtype, numel):
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float8_e4m3fn])
 def test_gpu_sizes_past_staging(dtype):
-    """Blocks of 2^14 symbols (the plan from 2^24 symbols) whose rANS segments
+    """Blocks of 2^14 symbols (the plan from 2^25 symbols) whose rANS segments
     pass the encoder's 8 KB shared-memory staging (gpu_params.h: the rest
     spills to a global slot): same bytes as the CPU, and they decode."""
     per = 2 if dtype.itemsize == 1 else 1  # fp8 codes element pairs
-    t = torch.from_numpy(fresh_rng().standard_normal(per << 24).astype(np.float32)).to(dtype)
+    t = torch.from_numpy(fresh_rng().standard_normal(per << 25).astype(np.float32)).to(dtype)
     info = pz.inspect(pz.compress(t))
     assert info["block_symbols"] == 1 << 14 and info["coded_bytes"] > 8192 * info["blocks"], info
     gpu_roundtrip(t)
@@ -71,11 +71,11 @@ def test_gpu_sizes_past_staging_every_path():
     kernel) and one SM (every CTA reuses its slot for many blocks). Each
     against the CPU's bytes."""
     rng = fresh_rng()
-    t = torch.from_numpy(rng.standard_normal((1 << 24) + 14_000).astype(np.float32)).to(torch.float16)
+    t = torch.from_numpy(rng.standard_normal((1 << 25) + 14_000).astype(np.float32)).to(torch.float16)
     assert pz.inspect(pz.compress(t))["block_symbols"] == 1 << 14
     gpu_roundtrip(t)  # the last block: 14,000 symbols, ~9.8 KB
     gpu_roundtrip(t, offset=1)
-    u = torch.from_numpy(rng.standard_normal(1 << 24).astype(np.float32)).to(torch.float16)
+    u = torch.from_numpy(rng.standard_normal(1 << 25).astype(np.float32)).to(torch.float16)
     ts = [t, u]
     for got, x in zip(pz.compress_batch([x.to(DEV) for x in ts]), ts):
         assert torch.equal(pz.trim(got).cpu(), pz.compress(x))
@@ -385,7 +385,7 @@ def test_gpu_launch_report_shows_the_sm_budget():
     rng = fresh_rng()
     sms = torch.cuda.get_device_properties(DEV).multi_processor_count
     assert sms > 2, "the budget of 2 SMs must be below the device's SM count"
-    big = weights(rng, 1 << 24, torch.bfloat16).to(DEV)    # 1,024 blocks: more CTAs than 2 SMs hold
+    big = weights(rng, 1 << 24, torch.bfloat16).to(DEV)    # 2,048 blocks: more CTAs than 2 SMs hold
     other = weights(rng, 300_001, torch.bfloat16).to(DEV)
     raw = random_bits(rng, 1 << 22, torch.int32).to(DEV)   # stored raw: the raw-stream kernel
     bufs = {k: pz.compress(t) for k, t in (("big", big), ("other", other), ("raw", raw))}

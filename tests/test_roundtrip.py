@@ -335,12 +335,12 @@ def test_wide_plan_from_2_27_symbols():
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float8_e4m3fn])
 def test_block_plan_by_symbol_count(dtype):
-    """2^12-symbol blocks; 2^13 from 2^21 symbols (256 blocks); 2^14 from 2^24
-    (1024 blocks): the C++ encoder and the reference agree at each edge."""
+    """2^12-symbol blocks; 2^13 from 2^22 symbols (512 blocks); 2^14 from 2^25
+    (2048 blocks): the C++ encoder and the reference agree at each edge."""
     from portable_zip.codec import reference as ref
 
     per = 2 if dtype == torch.float8_e4m3fn else 1  # fp8 codes element pairs
-    for nsym, block in (((1 << 21) - 1, 1 << 12), (1 << 21, 1 << 13), ((1 << 24) - 1, 1 << 13), (1 << 24, 1 << 14)):
+    for nsym, block in (((1 << 22) - 1, 1 << 12), (1 << 22, 1 << 13), ((1 << 25) - 1, 1 << 13), (1 << 25, 1 << 14)):
         info = pz.inspect(pz.compress(torch.zeros(nsym * per, dtype=dtype)))
         assert info["block_symbols"] == block == 1 << ref.block_log2_of(nsym, dtype != torch.float32), (dtype, nsym)
 

@@ -117,11 +117,11 @@ def _worker(case: str, args: list) -> None:
 
     def numels(dtype: torch.dtype) -> list:
         """Symbols around a chunk (8), a row (256), 2^12-symbol blocks, their counts past one CTA's ticket and
-        the block sizes 2^13 (from 2^21 symbols) and 2^14 (from 2^24, past the 8 KB staging); fp8: two
+        the block sizes 2^13 (from 2^22 symbols) and 2^14 (from 2^25, past the 8 KB staging); fp8: two
         elements a symbol, odd counts too (the last symbol's implicit zero)."""
         per = 2 if dtype.itemsize == 1 else 1
         symbols = [1, 2, 7, 8, 9, 31, 33, 255, 256, 257, 4095, 4096, 4097, 8191, 8193, 3 * 4096 + 5,
-                   (1 << 16) - 1, (1 << 16) + 1, (1 << 20) + 7, (1 << 21) + 3, (1 << 22) + 1, (1 << 24) + 1]
+                   (1 << 16) - 1, (1 << 16) + 1, (1 << 20) + 7, (1 << 21) + 3, (1 << 22) + 1, (1 << 25) + 1]
         out = [0]
         for s in symbols:
             out += [s * per - 1, s * per] if per == 2 else [s]

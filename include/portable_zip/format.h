@@ -244,14 +244,15 @@ PZ_HOST_DEVICE constexpr uint64_t max_segment_bytes(uint64_t nsym_in_block) {
 }
 
 // Deterministic block size from the symbol count alone: 2^12 symbols (never
-// less: table/state overhead); 2^13 once 256 such blocks fit; 2^14 once 1024
-// do. A block is one GPU group's serial chain, and below ~1024 groups most of
-// the GPU's schedulers idle: at 16 MiB of bf16, 2^13 took 26% less time to
-// compress and 35% less to decompress than 2^14, for 0.0044 of ratio
-// (bench/NOTES.md, plan sweep).
+// less: table/state overhead); 2^13 once 512 such blocks fit (2^22 symbols);
+// 2^14 once 2048 do (2^25). A block is one GPU group's serial chain, and with
+// few groups most of the GPU's schedulers idle: at 4 MiB of bf16, 2^12 took
+// 26% / 34% less time to compress / decompress than 2^13 (H200), and at
+// 32 MiB 2^13 took 11% / 30% less than 2^14 (H100), each for 0.004-0.009 of
+// ratio (bench/NOTES.md, plan sweeps).
 // Where 64 lanes are allowed (`wide`: plan_header says which codec and
 // dtypes), kWideBlockLog2 from kWideMinSymbols on.
-constexpr uint64_t kBlocks13 = 256, kBlocks14 = 1024;
+constexpr uint64_t kBlocks13 = 512, kBlocks14 = 2048;
 inline int choose_block_log2(uint64_t nsym, bool wide) {
   if (wide && nsym >= kWideMinSymbols) return kWideBlockLog2;
   return (nsym >> 14) >= kBlocks14 ? 14 : (nsym >> 13) >= kBlocks13 ? 13 : 12;

@@ -92,11 +92,11 @@ def nsym_of(dtype: int, numel: int) -> int:
 
 
 def block_log2_of(nsym: int, wide: bool) -> int:
-    """2^12 symbols; 2^13 once 256 such blocks fit, 2^14 once 1024 do; where 64 lanes are allowed
-    (wide), 2^15 from 2^27 symbols on."""
+    """2^12 symbols; 2^13 once 512 such blocks fit, 2^14 once 2048 do; where 64 lanes are allowed
+    (wide), 2^15 from 2^27 symbols on (format.h choose_block_log2)."""
     if wide and nsym >= WIDE_MIN_SYMBOLS:
         return WIDE_LOG2
-    return 14 if nsym >> 14 >= 1024 else 13 if nsym >> 13 >= 256 else 12
+    return 14 if nsym >> 14 >= 2048 else 13 if nsym >> 13 >= 512 else 12
 
 
 def split(dtype: int, data: np.ndarray):
