@@ -130,8 +130,8 @@ def _stats(group) -> dict:
     out = {}
     for ops in getattr(group, "stats", {}).values():
         for op, s in ops.items():
-            o = out.setdefault(op, {"calls": 0, "raw_bytes": 0, "wire_bytes": 0, "plans": {}})
-            for k in ("calls", "raw_bytes", "wire_bytes"):
+            o = out.setdefault(op, {"calls": 0, "raw_bytes": 0, "wire_bytes": 0, "time_s": 0.0, "plans": {}})
+            for k in ("calls", "raw_bytes", "wire_bytes", "time_s"):
                 o[k] += s[k]
             for p, n in s["plans"].items():
                 o["plans"][p] = o["plans"].get(p, 0) + n
@@ -141,13 +141,27 @@ def _stats(group) -> dict:
 def _per_step(before: dict, after: dict, steps: int) -> dict:
     out = {}
     for op, s in after.items():
-        b = before.get(op, {"calls": 0, "raw_bytes": 0, "wire_bytes": 0, "plans": {}})
-        d = {k: (s[k] - b[k]) / steps for k in ("calls", "raw_bytes", "wire_bytes")}
+        b = before.get(op, {"calls": 0, "raw_bytes": 0, "wire_bytes": 0, "time_s": 0.0, "plans": {}})
+        d = {k: (s[k] - b[k]) / steps for k in ("calls", "raw_bytes", "wire_bytes", "time_s")}
         if d["calls"]:
             d["plans"] = {p: (n - b["plans"].get(p, 0)) / steps for p, n in s["plans"].items()
                           if n - b["plans"].get(p, 0)}
             out[op] = d
     return out
+
+
+def _model(group, device) -> dict:
+    """What auto's cost model holds after the steps: its calibration, the
+    slowdown it learned, and its (native, compressed) predictions in ms at
+    the sizes these steps move, to set beside what the modes ran."""
+    c = group.communicator(device.type) if hasattr(group, "communicator") else None
+    if c is None or c.policy.cal is None:
+        return {}
+    p = c.policy
+    pred = {f"{op} {str(dt).split('.')[-1]} {mib} MiB": [round(x * 1e3, 3) for x in p.predict(op, dt, mib << 20, c.world)]
+            for op in ("all_gather", "reduce_scatter", "all_reduce") for dt in (torch.bfloat16, torch.float32)
+            for mib in (1, 4, 16, 25)}
+    return {"calibration": p.cal.describe(), "slowdown": p.slowdown, "margin": p.margin, "predicted_ms": pred}
 
 
 def _groups(modes, transport: str) -> dict:
@@ -199,6 +213,8 @@ def worker(a) -> None:
             rows[m] = {"step_ms": statistics.median(times.tolist()) * 1e3,
                        "steps_ms": [round(x * 1e3, 2) for x in times.tolist()],
                        "per_step": _per_step(before[m], _stats(groups[m]), a.steps)}
+            if m == "auto":
+                rows[m]["model"] = _model(groups[m], device)
         rows.update({m: {"error": e} for m, e in errors.items()})
         res[kind] = rows
         if rank == 0:
