@@ -66,7 +66,10 @@ class Running:
 
     def settle(self, writes, reads=()) -> None:
         """Those this op conflicts with finish first (their errors belong to their own wait())."""
-        if not self._works:
+        works = self._works
+        while works and works[0][0].is_completed():  # mostly the last op's, done: nothing to compare
+            del works[0]
+        if not works:
             return
         ws, rs = storages(writes), storages(reads)
         keep = []
