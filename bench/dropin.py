@@ -161,7 +161,7 @@ def _model(group, device) -> dict:
     pred = {f"{op} {str(dt).split('.')[-1]} {mib} MiB": [round(x * 1e3, 3) for x in p.predict(op, dt, mib << 20, c.world)]
             for op in ("all_gather", "reduce_scatter", "all_reduce") for dt in (torch.bfloat16, torch.float32)
             for mib in (1, 4, 16, 25)}
-    return {"calibration": p.cal.describe(), "slowdown": p.slowdown, "margin": p.margin, "predicted_ms": pred}
+    return {"calibration": p.cal.describe(), "slowdown": p.slowdown, "raw_slowdown": p.raw_slowdown, "margin": p.margin, "predicted_ms": pred}
 
 
 def _groups(modes, transport: str) -> dict:

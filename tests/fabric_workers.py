@@ -266,6 +266,49 @@ def sm_budget_everywhere(rank, world, seed):
     return reports, torch.cuda.get_device_properties(device()).multi_processor_count
 
 
+def raw_rejudged(rank, world, seed):
+    """Over the fabric auto's alternative to compressing is the raw pipeline:
+    a raw all_reduce that keeps running slower than the model predicted (the
+    last rank's phase sleeps) is re-judged alike on every rank, and that size
+    turns compressed; every result exact, PZ_CHECK_PLANS=1 checking every op's
+    policy state. Returns (plans seen in order, every rank's raw_slowdown)."""
+    import portable_zip.comm.collectives as coll
+
+    os.environ["PZ_CHECK_PLANS"] = "1"
+    comm = pz.Communicator(compress="auto", transport="fabric", timeout=60, link_gbps=2, latency_us=50,
+                           codec_gbps=50)
+    pol, n = comm.policy, 1 << 24
+    while n > 1 << 19 and pol.choose("all_reduce", torch.bfloat16, 2 * n, world) == "compressed":
+        n //= 2  # the largest size auto still sends raw, but by less than 2x
+    check(pol.choose("all_reduce", torch.bfloat16, 2 * n, world) == "native" and 2 * n >= pol.RAW_MIN_BYTES,
+          f"no raw size of 1 MiB or more below the crossover: {2 * n} bytes")
+    native = pol.predict("all_reduce", torch.bfloat16, 2 * n, world)[0]
+    real = coll.all_reduce
+
+    def slow(tp, t, op, coded, *args, **kwargs):
+        out = real(tp, t, op, coded, *args, **kwargs)
+        if rank == world - 1 and not any(coded(p) for p in range(world) if p != rank):
+            time.sleep(3 * native)
+        return out
+    coll.all_reduce = slow
+    plans = []
+    try:
+        for case in range(6):  # each op's note rides in the next swap; three running move the factor
+            t = data(seed, rank, case, n, torch.bfloat16)
+            before = dict(comm.stats.get("all_reduce", {}).get("plans", {}))
+            comm.all_reduce(t)
+            after = comm.stats["all_reduce"]["plans"]
+            plans.append(next(p for p in after if after[p] != before.get(p, 0)))
+            want = torch.stack([data(seed, r, case, n, torch.bfloat16).float() for r in range(world)]).sum(0)
+            check(same(t, want.bfloat16()), f"case {case} ({plans[-1]}): not the exact sum")
+    finally:
+        coll.all_reduce = real
+    everyone = [None] * world
+    dist.all_gather_object(everyone, (pol.raw_slowdown, pol.slowdown))
+    comm.close()
+    return plans, everyone
+
+
 def measured_exchange(rank, world):
     """auto over the fabric measures its host cost per compressed exchange at
     construction: the figure every rank holds is the same, the measuring

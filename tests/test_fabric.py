@@ -48,6 +48,15 @@ def test_auto_measures_its_host_cost_per_exchange(world):
     assert len(set(res.values())) == 1, res
 
 
+@pytest.mark.parametrize("world", [2, 3])
+def test_raw_slower_than_predicted_is_rejudged_alike(world):
+    res = ok(run(world, fabric_workers.raw_rejudged, seed()))
+    plans, factors = res[0]
+    assert all(v == res[0] for v in res.values()), res  # the same plans and factors on every rank
+    assert plans[:4] == ["raw"] * 4 and plans[-1] == "compressed", plans
+    assert len(set(factors)) == 1 and factors[0][0] > 1.5 and factors[0][1] == 1.0, factors
+
+
 @pytest.mark.parametrize("world,domains", [(4, [[0, 1], [2, 3]]), (3, [[0], [1, 2]]), (4, [[0, 2], [1, 3]])])
 def test_mixed_domains(world, domains):
     """Two 'vendors' of CPU ranks: gloo inside each domain, fabric between;

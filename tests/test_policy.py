@@ -158,6 +158,50 @@ def test_one_hiccup_moves_nothing_faster_changes_nothing_and_slowness_passes():
     assert p.slowdown < 1.01
 
 
+def test_a_raw_plan_slower_than_predicted_moves_auto_to_compress():
+    """Without torch collectives auto's alternative is the raw pipeline:
+    raw ops that keep running 3x their prediction (negated words) raise
+    raw_slowdown alike on every rank, and the largest size still raw turns
+    compressed; compressed observations let it decay back toward 1."""
+    a, b = policy(link_gbps=2, codec_gbps=8), policy(link_gbps=2, codec_gbps=8)
+    sizes = [1 << k for k in range(20, 31)]
+    size = max(s for s in sizes if a.choose("all_reduce", BF16, s, 2) == "native")
+    assert size < sizes[-1] and size >= Policy.RAW_MIN_BYTES
+    native = a.predict("all_reduce", BF16, size, 2)[0]
+    fp = a.fingerprint(BF16)
+    for swap in range(3):
+        a.note("all_reduce", BF16, size, 2, 3 * native, raw=True)
+        b.note("all_reduce", BF16, size, 2, 2.5 * native, raw=True)
+        words = [a.report(), b.report()]
+        assert words[0] == -3000 and -2500 <= words[1] < -2490, words
+        for p in (a, b):
+            p.heard(words)
+        if swap < 2:
+            assert a.raw_slowdown == 1.0 and a.choose("all_reduce", BF16, size, 2) == "native"
+    assert a.raw_slowdown == b.raw_slowdown == 1 + 0.5 * 2  # halfway to the least of three (the slowest rank's each)
+    assert a.slowdown == 1.0 and a.fingerprint(BF16) == b.fingerprint(BF16) != fp
+    assert a.choose("all_reduce", BF16, size, 2) == "compressed"
+    for _ in range(200):  # compressed for long enough: raw is tried again
+        a.heard([1000, 1000])
+    assert 1.0 < a.raw_slowdown < 1.05 and a.slowdown == 1.0
+    a.forget()
+    assert a.raw_slowdown == 1.0
+
+
+def test_small_or_fast_raw_ops_teach_nothing():
+    p = policy(link_gbps=5, codec_gbps=8)
+    p.note("all_reduce", BF16, Policy.RAW_MIN_BYTES - 2, 2, 100.0, raw=True)  # mostly host work
+    assert p.report() == 0
+    p.note("all_reduce", torch.int64, 8 << 20, 2, 100.0, raw=True)  # any dtype's raw op times the link
+    assert p.report() < 0
+    for _ in range(3):
+        p.heard([-300, -200])  # raw ran faster than predicted: the model stays as calibrated
+    assert p.raw_slowdown == 1.0
+    for _ in range(3):
+        p.heard([-100_000])
+    assert p.raw_slowdown == Policy.SLOWDOWN_RANGE[1]  # bounded
+
+
 def test_a_link_seen_slower_is_followed_by_the_sender_alone():
     from portable_zip.comm.observed import LinkSeen
     seen, big, run = LinkSeen(), LinkSeen.MIN_BYTES, LinkSeen.RUN

@@ -21,7 +21,7 @@ from .transports.base import RECV, SEND, Transport
 SPEC_PROTO = 0x505A4353  # "PZCS": a collective's (or the constructor's) spec message; same length
 # Protocol 4 carrying stream format N. 2: a spec's word 10 is the policy's note; 3: the encoder's block
 # plan (format.h choose_block_log2), which a receiver's stream_layout assumes, took 2^13 up to 2^24 symbols;
-# 4: 2^12 up to 2^22 symbols, 2^13 up to 2^25.
+# 4: 2^12 up to 2^22 symbols, 2^13 up to 2^25; a negative word 10 is a raw plan's observation.
 WIRE_VERSION = 4 + (FORMAT_VERSION << 8)
 CTRL_WORDS = 12
 W_NOTE = CTRL_WORDS - 2  # a collective's spec: the rank's observation for the policy (policy.report)

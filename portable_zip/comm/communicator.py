@@ -116,6 +116,8 @@ class Communicator:
                       if lay.domain_of[i] != lay.domain_of[j]) if lay.mixed else ()
         self.policy = Policy(link_gbps, latency_us, codec_gbps, margin, costs=self.tp.costs, cross_pairs=cross)
         self._plans = Plans(compress, self.policy, self.rank, self.world, lay.domain_of, lay.native, lay.mixed)
+        # Without torch collectives, auto's alternative to compressing is the raw pipeline: its runs teach the policy too.
+        self._learns_raw = compress == "auto" and not lay.native
         self._stats = Stats()
         self._pending = []
         self._worker = Worker(self.device)
@@ -343,8 +345,8 @@ class Communicator:
                 return self._native_done(op, t0, start_native(), sent, call.deadline, detached=detached)
             t1 = time.perf_counter()  # the ranks met at the swap: what follows is the plan's own time
             raw, wire, streams = algorithm(call, self._plans.coded(plan, dtype, nbytes))
-            if plan == "compressed" and not self._mixed:
-                self.policy.note(op, dtype, nbytes, self.world, time.perf_counter() - t1)
+            if not self._mixed and (plan == "compressed" or (plan == "raw" and self._learns_raw)):
+                self.policy.note(op, dtype, nbytes, self.world, time.perf_counter() - t1, raw=plan == "raw")
             if streams is not None:
                 self._observe(streams)
             self._record(op, plan, t0, raw, wire)

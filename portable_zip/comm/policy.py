@@ -20,6 +20,15 @@ busier than at calibration) is re-judged, alike on every rank, and one
 hiccup (a GC pause, a checkpoint's I/O) is not. Once every size has gone
 native nothing is observed any more: the factor then holds until the
 Communicator is made again.
+
+Where the group has no torch collectives (the fabric between single-rank
+domains), the plan compression competes with is the raw pipeline, and it
+swaps a spec too: its time over the native prediction rides in the same
+word (negated), and `raw_slowdown`, the factor on the native prediction,
+learns it the same way (ops of 1 MiB and more: below that a raw op's time
+is mostly host work, which would say nothing about larger ones). Each
+agreed compressed observation moves it 2% back toward 1, so once
+compression has won every size for a while a raw op is tried again.
 """
 from __future__ import annotations
 
@@ -74,14 +83,16 @@ class Policy:
         self.cal: Optional[Calibration] = None
         self._decided: Dict[tuple, str] = {}
         self.slowdown = 1.0  # agreed: observed over predicted time of compressed plans (see the module's docstring)
+        self.raw_slowdown = 1.0  # agreed: the same for raw plans, where they stand in for native ones
         self._heard: List[float] = []  # the last agreed observations (the slowest rank's each), newest last
-        self._seen = 0       # this rank's latest observation, in thousandths, not yet reported
+        self._heard_raw: List[float] = []
+        self._seen = 0       # this rank's latest observation, in thousandths (negative: a raw plan's), not yet reported
 
     def fingerprint(self, dtype: torch.dtype) -> int:
         """A hash of everything a decision for dtype reads: equal on every
         rank when the agreement rule holds (PZ_CHECK_PLANS compares it)."""
         c = self.cal
-        facts = (self.margin, self.ratio.get(dtype), self.costs, self.slowdown, None if c is None else
+        facts = (self.margin, self.ratio.get(dtype), self.costs, self.slowdown, self.raw_slowdown, None if c is None else
                  (c.alpha, c.beta, c.compress.get(dtype), c.decompress.get(dtype), sorted(c.native.items()),
                   [(cr.get(dtype), dr.get(dtype)) for cr, dr in c.per_rank], c.host_exchange_s))
         return zlib.crc32(repr(facts).encode())
@@ -152,36 +163,48 @@ class Policy:
     SLOWDOWN_RANGE = (1.0, 8.0)
     SLOWDOWN_WEIGHT = 0.5  # of each new target
     SLOWDOWN_RUN = 3       # agreed observations the target is the least of
+    RAW_MIN_BYTES = 1 << 20  # raw ops below this teach nothing (their time is mostly host work)
+    RAW_DECAY = 0.98         # of raw_slowdown's excess over 1, kept at each agreed compressed observation
 
-    def note(self, op: str, dtype: torch.dtype, nbytes: int, world: int, seconds: float) -> None:
-        """A compressed collective took seconds (from its spec swap to its
-        end): kept as this rank's observation of the model's error."""
-        if self.cal is None or dtype not in CODED or nbytes == 0:
+    def note(self, op: str, dtype: torch.dtype, nbytes: int, world: int, seconds: float, raw: bool = False) -> None:
+        """A compressed (raw: a raw) collective took seconds (from its spec
+        swap to its end): kept as this rank's observation of the model's error."""
+        if self.cal is None or nbytes < (self.RAW_MIN_BYTES if raw else 1) or (not raw and dtype not in CODED):
             return
-        predicted = self.predict(op, dtype, nbytes, world)[1]
+        native, coded = self.predict(op, dtype, nbytes, world)
+        predicted = native if raw else coded
         if predicted > 0:
-            self._seen = max(1, min(int(1000 * seconds / predicted), 1 << 30))
+            seen = max(1, min(int(1000 * seconds / predicted), 1 << 30))
+            self._seen = -seen if raw else seen
 
     def report(self) -> int:
         """The word this rank puts in its next spec swap: its latest
-        observation (thousandths), or 0; each is reported once."""
+        observation (thousandths; negated for a raw plan's), or 0; each is
+        reported once."""
         seen, self._seen = self._seen, 0
         return seen
 
     def heard(self, words) -> None:
         """Every rank's report from one spec swap (the same list on every
-        rank): the slowest rank's observation joins the last few, and
-        slowdown moves toward the least of them. The same arithmetic on the
-        same words, so every rank ends with the same value."""
-        seen = [w for w in words if w > 0]
-        if not seen:
-            return
-        self._heard = (self._heard + [max(seen) / 1000.0])[-self.SLOWDOWN_RUN:]
-        if len(self._heard) < self.SLOWDOWN_RUN:
-            return
+        rank): the slowest rank's observation joins the last few of its
+        kind, and slowdown (raw_slowdown, for a raw plan's) moves toward the
+        least of them. The same arithmetic on the same words, so every rank
+        ends with the same values."""
+        coded, raw = [w for w in words if w > 0], [-w for w in words if w < 0]
+        if coded:
+            self.raw_slowdown = 1 + (self.raw_slowdown - 1) * self.RAW_DECAY
+            self._heard, self.slowdown = self._fold(self._heard, max(coded), self.slowdown)
+        if raw:
+            self._heard_raw, self.raw_slowdown = self._fold(self._heard_raw, max(raw), self.raw_slowdown)
+
+    def _fold(self, heard: List[float], word: int, factor: float) -> tuple:
+        """(the last few observations, the factor) once the slowest rank's word joins them."""
+        heard = (heard + [word / 1000.0])[-self.SLOWDOWN_RUN:]
+        if len(heard) < self.SLOWDOWN_RUN:
+            return heard, factor
         lo, hi = self.SLOWDOWN_RANGE
         a = self.SLOWDOWN_WEIGHT
-        self.slowdown = min(max((1 - a) * self.slowdown + a * min(self._heard), lo), hi)
+        return heard, min(max((1 - a) * factor + a * min(heard), lo), hi)
 
     def host_exchange(self) -> float:
         """Host seconds a compressed collective's exchange costs beyond its stages: measured where
@@ -194,6 +217,7 @@ class Policy:
         decisions): calibration's own exchanges are not the workload's. Every
         rank calls it at the same point, so the state stays agreed."""
         self.slowdown, self._heard, self._seen = 1.0, [], 0
+        self.raw_slowdown, self._heard_raw = 1.0, []
         self._decided.clear()
 
     def pair_pays(self, dtype: torch.dtype, nbytes: int, i: int, j: int, p2p: bool = False) -> bool:
@@ -229,14 +253,15 @@ class Policy:
         return hit
 
     def choose(self, op: str, dtype: torch.dtype, nbytes: int, world: int) -> str:
-        key = (op, dtype, nbytes, world, id(self.cal), self.ratio.get(dtype), self.margin, self.slowdown)
+        key = (op, dtype, nbytes, world, id(self.cal), self.ratio.get(dtype), self.margin, self.slowdown,
+               self.raw_slowdown)
         plan = self._decided.get(key)
         if plan is None:  # cached: the decision is on every call's path
             if dtype not in CODED or nbytes == 0 or world == 1:
                 plan = "native"
             else:
                 native, coded = self.predict(op, dtype, nbytes, world)
-                plan = "compressed" if self._pays(native, coded) else "native"
+                plan = "compressed" if self._pays(native * self.raw_slowdown, coded) else "native"
             if len(self._decided) > 4096:
                 self._decided.clear()
             self._decided[key] = plan
