@@ -666,19 +666,27 @@ def rejudged(rank, world, seed):
             time.sleep(4 * predicted)
         return out
     coll.all_reduce = slow
-    plans = []
     try:
-        for case in range(8):  # each op's note rides in the next swap; three running move the factor
-            t = data(seed, rank, case, n, torch.bfloat16)
-            before = dict(comm.stats.get("all_reduce", {}).get("plans", {}))
-            comm.all_reduce(t)
-            after = comm.stats["all_reduce"]["plans"]
-            plans.append(next(p for p in after if after[p] != before.get(p, 0)))
-            want = torch.stack([data(seed, r, case, n, torch.bfloat16).float() for r in range(world)]).sum(0)
-            check(same(t, want.bfloat16()), f"case {case} ({plans[-1]}): not the exact sum")
+        plans = all_reduce_plans(comm, rank, world, seed, n, 8)
     finally:
         coll.all_reduce = real
     everyone = [None] * world
     dist.all_gather_object(everyone, comm.policy.slowdown)
     comm.close()
     return plans, everyone
+
+
+def all_reduce_plans(comm, rank, world, seed, n, cases) -> list:
+    """cases all_reduces of n fresh bf16 values, each exact; the plan each
+    ran, as the stats saw it (each op's note rides in the next swap, and
+    three running move a factor)."""
+    plans = []
+    for case in range(cases):
+        t = data(seed, rank, case, n, torch.bfloat16)
+        before = dict(comm.stats.get("all_reduce", {}).get("plans", {}))
+        comm.all_reduce(t)
+        after = comm.stats["all_reduce"]["plans"]
+        plans.append(next(p for p in after if after[p] != before.get(p, 0)))
+        want = torch.stack([data(seed, r, case, n, torch.bfloat16).float() for r in range(world)]).sum(0)
+        check(same(t, want.bfloat16()), f"case {case} ({plans[-1]}): not the exact sum")
+    return plans

@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 import portable_zip as pz
-from comm_workers import DTYPES, REDUCIBLE, check, data, device, empty, moving_ops
+from comm_workers import DTYPES, REDUCIBLE, all_reduce_plans, check, data, device, empty, moving_ops
 from conftest import same_bits as same
 
 
@@ -291,16 +291,8 @@ def raw_rejudged(rank, world, seed):
             time.sleep(3 * native)
         return out
     coll.all_reduce = slow
-    plans = []
     try:
-        for case in range(6):  # each op's note rides in the next swap; three running move the factor
-            t = data(seed, rank, case, n, torch.bfloat16)
-            before = dict(comm.stats.get("all_reduce", {}).get("plans", {}))
-            comm.all_reduce(t)
-            after = comm.stats["all_reduce"]["plans"]
-            plans.append(next(p for p in after if after[p] != before.get(p, 0)))
-            want = torch.stack([data(seed, r, case, n, torch.bfloat16).float() for r in range(world)]).sum(0)
-            check(same(t, want.bfloat16()), f"case {case} ({plans[-1]}): not the exact sum")
+        plans = all_reduce_plans(comm, rank, world, seed, n, 6)
     finally:
         coll.all_reduce = real
     everyone = [None] * world
