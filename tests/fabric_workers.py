@@ -275,7 +275,7 @@ def raw_rejudged(rank, world, seed):
     import portable_zip.comm.collectives as coll
 
     os.environ["PZ_CHECK_PLANS"] = "1"
-    comm = pz.Communicator(compress="auto", transport="fabric", timeout=60, link_gbps=2, latency_us=50,
+    comm = pz.Communicator(compress="auto", transport="fabric", timeout=60, link_gbps=0.5, latency_us=50,
                            codec_gbps=50)
     pol, n = comm.policy, 1 << 24
     while n > 1 << 19 and pol.choose("all_reduce", torch.bfloat16, 2 * n, world) == "compressed":
@@ -283,6 +283,8 @@ def raw_rejudged(rank, world, seed):
     check(pol.choose("all_reduce", torch.bfloat16, 2 * n, world) == "native" and 2 * n >= pol.RAW_MIN_BYTES,
           f"no raw size of 1 MiB or more below the crossover: {2 * n} bytes")
     native = pol.predict("all_reduce", torch.bfloat16, 2 * n, world)[0]
+    check(native >= pol.RAW_MIN_HOST * pol.host_exchange(), f"{2 * n} bytes predicted in {native * 1e3:.2f} ms: "
+          f"host work ({pol.host_exchange() * 1e3:.2f} ms an exchange), not the link")
     real = coll.all_reduce
 
     def slow(tp, t, op, coded, *args, **kwargs):

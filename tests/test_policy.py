@@ -169,6 +169,7 @@ def test_a_raw_plan_slower_than_predicted_moves_auto_to_compress():
     assert size < sizes[-1] and size >= Policy.RAW_MIN_BYTES
     native = a.predict("all_reduce", BF16, size, 2)[0]
     fp = a.fingerprint(BF16)
+    sends = [a.choose("send", BF16, s, 2) for s in sizes]
     for swap in range(3):
         a.note("all_reduce", BF16, size, 2, 3 * native, raw=True)
         b.note("all_reduce", BF16, size, 2, 2.5 * native, raw=True)
@@ -181,17 +182,31 @@ def test_a_raw_plan_slower_than_predicted_moves_auto_to_compress():
     assert a.raw_slowdown == b.raw_slowdown == 1 + 0.5 * 2  # halfway to the least of three (the slowest rank's each)
     assert a.slowdown == 1.0 and a.fingerprint(BF16) == b.fingerprint(BF16) != fp
     assert a.choose("all_reduce", BF16, size, 2) == "compressed"
-    for _ in range(200):  # compressed for long enough: raw is tried again
-        a.heard([1000, 1000])
-    assert 1.0 < a.raw_slowdown < 1.05 and a.slowdown == 1.0
-    a.forget()
+    assert [a.choose("send", BF16, s, 2) for s in sizes] == sends  # point to point: LinkSeen's, not this
+    for n in range(200):  # compressed for long enough: raw is tried again
+        for p in (a, b):
+            p.heard([1000, 1000])
+        if n == 20:
+            assert 1.5 < a.raw_slowdown == b.raw_slowdown < 2 and a.raw_slowdown * 1024 == int(a.raw_slowdown * 1024)
+    assert a.raw_slowdown == b.raw_slowdown == 1.0 and a.slowdown == 1.0
+    assert a.choose("all_reduce", BF16, size, 2) == b.choose("all_reduce", BF16, size, 2) == "native"
+    a.heard([-5000])  # one hiccup once the old observations have faded: nothing moves
     assert a.raw_slowdown == 1.0
+    a.forget()
+    assert a.raw_slowdown == 1.0 and a._heard_raw == []
 
 
 def test_small_or_fast_raw_ops_teach_nothing():
     p = policy(link_gbps=5, codec_gbps=8)
     p.note("all_reduce", BF16, Policy.RAW_MIN_BYTES - 2, 2, 100.0, raw=True)  # mostly host work
     assert p.report() == 0
+    p.note("broadcast", BF16, 64 << 20, 9, 100.0, raw=True)  # flat from the source, not the tree predicted
+    assert p.report() == 0
+    p.cal.host_exchange_s = 1e-3
+    p.note("all_gather", BF16, 2 << 20, 2, 100.0, raw=True)  # 0.43 ms predicted: less than the host's 1 ms
+    assert p.report() == 0
+    p.note("all_gather", BF16, 8 << 20, 2, 100.0, raw=True)  # 1.7 ms
+    assert p.report() < 0
     p.note("all_reduce", torch.int64, 8 << 20, 2, 100.0, raw=True)  # any dtype's raw op times the link
     assert p.report() < 0
     for _ in range(3):

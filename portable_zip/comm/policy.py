@@ -24,11 +24,20 @@ Communicator is made again.
 Where the group has no torch collectives (the fabric between single-rank
 domains), the plan compression competes with is the raw pipeline, and it
 swaps a spec too: its time over the native prediction rides in the same
-word (negated), and `raw_slowdown`, the factor on the native prediction,
-learns it the same way (ops of 1 MiB and more: below that a raw op's time
-is mostly host work, which would say nothing about larger ones). Each
-agreed compressed observation moves it 2% back toward 1, so once
-compression has won every size for a while a raw op is tried again.
+word (negated), and `raw_slowdown`, the factor on the collectives' native
+predictions, learns it the same way. Only all_gather, reduce_scatter and
+all_reduce teach it (the ops whose raw pipeline moves what the native model
+assumes; a raw broadcast is flat, not a tree), and only where the
+prediction is at least the host cost of an exchange (1 MiB at least):
+below that a raw op's time is mostly host work. What a raw op learns
+includes its host work, which the native model leaves out, so the
+comparison with a compressed plan (whose prediction has its own) is fair at
+the sizes learned; as one factor, not a host term, it overstates raw at
+much larger sizes, where compression mostly wins anyway. Each agreed compressed observation takes 2% of its excess (and
+of the kept observations') back toward 1, so once compression has won every
+size for a while a raw op is tried again. Point to point keeps its own
+judgement (LinkSeen). The factors move in steps of 1/1024, so decisions
+stay cached between steps.
 """
 from __future__ import annotations
 
@@ -164,14 +173,24 @@ class Policy:
     SLOWDOWN_WEIGHT = 0.5  # of each new target
     SLOWDOWN_RUN = 3       # agreed observations the target is the least of
     RAW_MIN_BYTES = 1 << 20  # raw ops below this teach nothing (their time is mostly host work)
+    RAW_MIN_HOST = 1.0       # nor those predicted in less than this many host costs per exchange
+    RAW_OPS = ("all_gather", "reduce_scatter", "all_reduce")  # raw plans that move what the native model assumes
     RAW_DECAY = 0.98         # of raw_slowdown's excess over 1, kept at each agreed compressed observation
+    STEP = 1024              # factors move in 1/STEP: cached decisions survive a decay too small to matter
+    SNAP = 0.03              # an excess below this is gone
 
     def note(self, op: str, dtype: torch.dtype, nbytes: int, world: int, seconds: float, raw: bool = False) -> None:
         """A compressed (raw: a raw) collective took seconds (from its spec
         swap to its end): kept as this rank's observation of the model's error."""
-        if self.cal is None or nbytes < (self.RAW_MIN_BYTES if raw else 1) or (not raw and dtype not in CODED):
+        if self.cal is None or nbytes == 0:
+            return
+        if raw and (nbytes < self.RAW_MIN_BYTES or op not in self.RAW_OPS):
+            return
+        if not raw and dtype not in CODED:
             return
         native, coded = self.predict(op, dtype, nbytes, world)
+        if raw and native < self.RAW_MIN_HOST * self.host_exchange():
+            return
         predicted = native if raw else coded
         if predicted > 0:
             seen = max(1, min(int(1000 * seconds / predicted), 1 << 30))
@@ -192,7 +211,10 @@ class Policy:
         ends with the same values."""
         coded, raw = [w for w in words if w > 0], [-w for w in words if w < 0]
         if coded:
-            self.raw_slowdown = 1 + (self.raw_slowdown - 1) * self.RAW_DECAY
+            if self.raw_slowdown > 1.0:  # stale raw observations fade with the factor: one hiccup still moves nothing
+                self.raw_slowdown = self._step(1 + (self.raw_slowdown - 1) * self.RAW_DECAY)
+                self._heard_raw = [1 + (h - 1) * self.RAW_DECAY for h in self._heard_raw] \
+                    if self.raw_slowdown > 1.0 else []  # back at 1: they are stale
             self._heard, self.slowdown = self._fold(self._heard, max(coded), self.slowdown)
         if raw:
             self._heard_raw, self.raw_slowdown = self._fold(self._heard_raw, max(raw), self.raw_slowdown)
@@ -204,7 +226,11 @@ class Policy:
             return heard, factor
         lo, hi = self.SLOWDOWN_RANGE
         a = self.SLOWDOWN_WEIGHT
-        return heard, min(max((1 - a) * factor + a * min(heard), lo), hi)
+        return heard, self._step(min(max((1 - a) * factor + a * min(heard), lo), hi))
+
+    def _step(self, factor: float) -> float:
+        """factor on the 1/STEP grid, 1.0 once within SNAP of it (the same arithmetic on every rank)."""
+        return 1.0 if factor - 1.0 < self.SNAP else round(factor * self.STEP) / self.STEP
 
     def host_exchange(self) -> float:
         """Host seconds a compressed collective's exchange costs beyond its stages: measured where
@@ -261,7 +287,8 @@ class Policy:
                 plan = "native"
             else:
                 native, coded = self.predict(op, dtype, nbytes, world)
-                plan = "compressed" if self._pays(native * self.raw_slowdown, coded) else "native"
+                raw = self.raw_slowdown if op not in ("send", "recv") else 1.0  # point to point: LinkSeen's
+                plan = "compressed" if self._pays(native * raw, coded) else "native"
             if len(self._decided) > 4096:
                 self._decided.clear()
             self._decided[key] = plan
