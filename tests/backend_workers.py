@@ -271,7 +271,11 @@ def reinit(rank, world, port):
 
 
 def unserved(rank, world):
-    """What the backend cannot serve raises, naming the op or the option."""
+    """What the backend cannot serve raises, naming the op or the option.
+    Barriers first and last: both refusals are local, so without them a rank
+    could finish and exit (taking the store it hosts) while its peer still
+    builds the default group's inner groups."""
+    dist.barrier()
     errs = []
     try:
         dist.recv(torch.empty(4), src=None)
@@ -281,6 +285,7 @@ def unserved(rank, world):
         dist.new_group(backend="pz", pg_options={"compress": "always"})
     except Exception as e:  # noqa: BLE001
         errs.append(f"{type(e).__name__}: {e}")
+    dist.barrier()
     return errs
 
 
