@@ -648,8 +648,6 @@ def rejudged(rank, world, seed):
     every rank: auto moves that size to native, every result exact, and
     PZ_CHECK_PLANS=1 checks that every op's policy state agreed. Returns
     (plans seen in order, every rank's slowdown)."""
-    import portable_zip.comm.collectives as coll
-
     os.environ["PZ_CHECK_PLANS"] = "1"
     comm = pz.Communicator(compress="auto", timeout=60, link_gbps=1, latency_us=50, codec_gbps=50)
     n = 1 << 12
@@ -658,22 +656,31 @@ def rejudged(rank, world, seed):
         check(n < 1 << 26, "auto never compresses an all_reduce under a 1 Gbit/s link")
     n *= 2  # comfortably compressed, but not by 4x
     predicted = comm.policy.predict("all_reduce", torch.bfloat16, 2 * n, world)[1]
-    real = coll.all_reduce
-
-    def slow(*args, **kwargs):
-        out = real(*args, **kwargs)
-        if rank == world - 1:
-            time.sleep(4 * predicted)
-        return out
-    coll.all_reduce = slow
-    try:
-        plans = all_reduce_plans(comm, rank, world, seed, n, 8)
-    finally:
-        coll.all_reduce = real
+    plans = slowed_plans(comm, rank, world, seed, n, 8, 4 * predicted)
     everyone = [None] * world
     dist.all_gather_object(everyone, comm.policy.slowdown)
     comm.close()
     return plans, everyone
+
+
+def slowed_plans(comm, rank, world, seed, n, cases, seconds, coded=None) -> list:
+    """all_reduce_plans while the last rank's all_reduce phase sleeps
+    seconds after each op (coded given: only where its pairs compress, or
+    only where they do not): its cores busy elsewhere."""
+    import portable_zip.comm.collectives as coll
+
+    real = coll.all_reduce
+
+    def slow(tp, t, op, pairs, *args, **kwargs):
+        out = real(tp, t, op, pairs, *args, **kwargs)
+        if rank == world - 1 and (coded is None or any(pairs(p) for p in range(world) if p != rank) == coded):
+            time.sleep(seconds)
+        return out
+    coll.all_reduce = slow
+    try:
+        return all_reduce_plans(comm, rank, world, seed, n, cases)
+    finally:
+        coll.all_reduce = real
 
 
 def all_reduce_plans(comm, rank, world, seed, n, cases) -> list:

@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 import portable_zip as pz
-from comm_workers import DTYPES, REDUCIBLE, all_reduce_plans, check, data, device, empty, moving_ops
+from comm_workers import DTYPES, REDUCIBLE, check, data, device, empty, moving_ops, slowed_plans
 from conftest import same_bits as same
 
 
@@ -272,8 +272,6 @@ def raw_rejudged(rank, world, seed):
     last rank's phase sleeps) is re-judged alike on every rank, and that size
     turns compressed; every result exact, PZ_CHECK_PLANS=1 checking every op's
     policy state. Returns (plans seen in order, every rank's raw_slowdown)."""
-    import portable_zip.comm.collectives as coll
-
     os.environ["PZ_CHECK_PLANS"] = "1"
     comm = pz.Communicator(compress="auto", transport="fabric", timeout=60, link_gbps=0.5, latency_us=50,
                            codec_gbps=50)
@@ -285,18 +283,7 @@ def raw_rejudged(rank, world, seed):
     native = pol.predict("all_reduce", torch.bfloat16, 2 * n, world)[0]
     check(native >= pol.RAW_MIN_HOST * pol.host_exchange(), f"{2 * n} bytes predicted in {native * 1e3:.2f} ms: "
           f"host work ({pol.host_exchange() * 1e3:.2f} ms an exchange), not the link")
-    real = coll.all_reduce
-
-    def slow(tp, t, op, coded, *args, **kwargs):
-        out = real(tp, t, op, coded, *args, **kwargs)
-        if rank == world - 1 and not any(coded(p) for p in range(world) if p != rank):
-            time.sleep(3 * native)
-        return out
-    coll.all_reduce = slow
-    try:
-        plans = all_reduce_plans(comm, rank, world, seed, n, 6)
-    finally:
-        coll.all_reduce = real
+    plans = slowed_plans(comm, rank, world, seed, n, 6, 3 * native, coded=False)
     everyone = [None] * world
     dist.all_gather_object(everyone, (pol.raw_slowdown, pol.slowdown))
     comm.close()

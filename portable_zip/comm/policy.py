@@ -33,9 +33,10 @@ below that a raw op's time is mostly host work. What a raw op learns
 includes its host work, which the native model leaves out, so the
 comparison with a compressed plan (whose prediction has its own) is fair at
 the sizes learned; as one factor, not a host term, it overstates raw at
-much larger sizes, where compression mostly wins anyway. Each agreed compressed observation takes 2% of its excess (and
-of the kept observations') back toward 1, so once compression has won every
-size for a while a raw op is tried again. Point to point keeps its own
+much larger sizes, where compression mostly wins anyway. Each agreed
+compressed observation takes 2% of its excess (and of the kept
+observations') back toward 1, so once compression has won every size for
+a while a raw op is tried again. Point to point keeps its own
 judgement (LinkSeen). The factors move in steps of 1/1024, so decisions
 stay cached between steps.
 """
@@ -51,6 +52,7 @@ from ..codec import CODED
 from .pieces import piece_bytes
 from .transports.base import TransportCosts
 
+P2P_OPS = ("send", "recv")  # point to point: the transport's host constant, and LinkSeen's judgement of the link
 PRIOR_RATIO = {torch.bfloat16: 0.67, torch.float16: 0.85, torch.float32: 0.84,
                torch.float8_e4m3fn: 0.78, torch.float8_e5m2: 0.70}
 
@@ -129,7 +131,7 @@ class Policy:
         k = self.costs
         coll_rounds, second_phase_rounds = k.coll_rounds, k.second_phase_rounds
         # Point to point keeps the transport's constant: the measured figure is a collective's (host_exchange).
-        host_exchange = k.host_exchange_s if op in ("send", "recv") else self.host_exchange()
+        host_exchange = k.host_exchange_s if op in P2P_OPS else self.host_exchange()
 
         def piped(n, compress, wire, decompress, rounds, fill=True):
             # Large transfers move as pieces: compress, wire and decompress
@@ -142,7 +144,7 @@ class Policy:
             filling = piece / max(n, 1) * (sum(stages) - max(stages)) if fill else 0.0
             return max(stages) + filling + rounds * a + host
 
-        if op in ("send", "recv"):
+        if op in P2P_OPS:
             na, nb = c.native.get("send", (a, b))
             nb *= link
             return na + nbytes * nb, max(na, piped(nbytes, nbytes * cc, r * nbytes * nb, nbytes * cd, 1, not streaming))
@@ -287,7 +289,7 @@ class Policy:
                 plan = "native"
             else:
                 native, coded = self.predict(op, dtype, nbytes, world)
-                raw = self.raw_slowdown if op not in ("send", "recv") else 1.0  # point to point: LinkSeen's
+                raw = 1.0 if op in P2P_OPS else self.raw_slowdown
                 plan = "compressed" if self._pays(native * raw, coded) else "native"
             if len(self._decided) > 4096:
                 self._decided.clear()
