@@ -301,6 +301,8 @@ def measured_exchange(rank, world):
     check(pol.host_exchange() == host and "host per exchange" in pol.cal.describe(), "the model ignores it")
     check(comm.stats == {}, f"the measuring exchange shows in the stats: {comm.stats}")
     check(pol.slowdown == 1.0 and pol.report() == 0, "the measurement left an observation behind")
+    # Every pair is on the fabric (no torch collectives): a send is timed one way, not as half a ring exchange.
+    check(pol.cal.native["send"] != (pol.cal.alpha, pol.cal.beta), f"send timed as the ring: {pol.cal.native}")
     from portable_zip.comm.policy import PRIOR_RATIO
     check(pol.ratio == PRIOR_RATIO, f"the measuring streams moved the ratio: {pol.ratio}")
     # Collectives' predictions carry the measured figure; point to point keeps the transport's constant.

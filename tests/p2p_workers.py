@@ -209,6 +209,27 @@ def gpu_path_and_kv(rank, world, seed, mode):
     return n_ok, {op: dict(s["plans"]) for op, s in st.items() if op in ("send", "recv")}
 
 
+def _receive_all(comm, seed, cases, n, dtype):
+    """Rank 1's side of a run of rank 0's messages: each lands exactly."""
+    for case in range(cases):
+        t = empty(n, dtype=dtype)
+        comm.recv(t, 0)
+        check(same(t, data(seed, 0, case, n, dtype)), f"message {case} landed wrong")
+    comm.close()
+    return "received"
+
+
+def _send_all(comm, seed, cases, n, dtype):
+    """Rank 0's run of messages to rank 1, one at a time: the plan each went by, in order."""
+    plans = []
+    for case in range(cases):
+        before = dict(comm.stats.get("send", {}).get("plans", {}))
+        comm.send(data(seed, 0, case, n, dtype), 1)
+        after = comm.stats["send"]["plans"]
+        plans.append(next(p for p in after if after[p] != before.get(p, 0)))
+    return plans
+
+
 def link_seen(rank, world, seed):
     """Point-to-point plans are the sender's alone, so under auto the sender
     judges a pair by how its raw messages ran, as the receiver timed their
@@ -225,12 +246,7 @@ def link_seen(rank, world, seed):
         check(n < 1 << 26, "no message size that the link's being 4x slower turns compressed")
     cases = LinkSeen.RUN + 7
     if rank == 1:
-        for case in range(cases):
-            t = empty(n, dtype=bf)
-            comm.recv(t, 0)
-            check(same(t, data(seed, 0, case, n, bf)), f"message {case} landed wrong")
-        comm.close()
-        return "received"
+        return _receive_all(comm, seed, cases, n, bf)
     predicted = comm.policy.predict("send", bf, 2 * n, world)[0]
     tp = comm._p2p.tps[0]
     real = tp.post
@@ -244,15 +260,49 @@ def link_seen(rank, world, seed):
         time.sleep(10 * predicted)
         return works + real(payloads)
     tp.post = slow
-    plans = []
     try:
-        for case in range(cases):
-            before = dict(comm.stats.get("send", {}).get("plans", {}))
-            comm.send(data(seed, 0, case, n, bf), 1)
-            after = comm.stats["send"]["plans"]
-            plans.append(next(p for p in after if after[p] != before.get(p, 0)))
+        plans = _send_all(comm, seed, cases, n, bf)
     finally:
         tp.post = real
     factor = comm._seen.factor(1)
+    comm.close()
+    return plans, factor
+
+
+def coded_seen(rank, world, seed):
+    """Under auto a sender also judges compressing to a peer by how its
+    compressed messages ran, send to ACK, against their prediction: rank 0's
+    codec is made slow (each encode first sleeps two raw predictions), so
+    after a run of such messages (CodedSeen.RUN) its messages of that size go
+    raw, and once raw has run a while compression is tried again; every
+    message lands exactly. The link is judged as calibrated here (LinkSeen
+    learns nothing), so only the codec's misjudgement moves the plans.
+    Returns rank 0's plans in order and its factor for that size."""
+    from portable_zip.comm import p2p as p2p_mod
+    from portable_zip.comm.observed import CodedSeen
+    comm = pz.Communicator(compress="auto", timeout=60, link_gbps=1, latency_us=50, codec_gbps=40)
+    bf = torch.bfloat16
+    n = CodedSeen.MIN_BYTES // 2  # bf16 elements: smaller messages are not observed
+    # A size the model compresses even 1.2x slower than predicted: raw's turn ends within the run below.
+    while not (comm.policy.choose("send", bf, 2 * n, world) == "compressed"
+               and comm.policy.send_pays(bf, 2 * n, 1.0, False, 1.2)):
+        n *= 2
+        check(n < 1 << 26, "no message size the model compresses")
+    cases = CodedSeen.RUN + 120
+    if rank == 1:
+        return _receive_all(comm, seed, cases, n, bf)
+    comm._seen.raw = lambda *args: None
+    predicted = comm.policy.predict("send", bf, 2 * n, world)[0]
+    real = p2p_mod._Peer._encode
+
+    def slow(self, piece, sms):
+        time.sleep(2 * predicted)
+        return real(self, piece, sms)
+    p2p_mod._Peer._encode = slow
+    try:
+        plans = _send_all(comm, seed, cases, n, bf)
+    finally:
+        p2p_mod._Peer._encode = real
+    factor = comm._coded_seen.factor(1, 2 * n)
     comm.close()
     return plans, factor

@@ -56,6 +56,17 @@ def test_a_mismatched_pair_leaves_a_third_rank_alone():
     assert res[0] == ["mismatch", True] and res[1] == ["mismatch", True] and res[2] == ["sent"], res
 
 
+def test_compressed_sends_slower_than_predicted_turn_raw_and_are_retried():
+    res = ok(comm_harness.run(2, p2p_workers.coded_seen, seed(), deadline=180))
+    from portable_zip.comm.observed import CodedSeen
+    plans, factor = res[0]
+    run = CodedSeen.RUN
+    assert res[1] == "received", res
+    assert plans[:run] == ["compressed"] * run and plans[run] == "raw", plans
+    retried = [i for i, p in enumerate(plans) if p == "compressed" and i > run]
+    assert retried and retried[0] > run + 10 and factor > 1.0, (retried, factor)
+
+
 def test_a_link_slower_than_calibrated_turns_sends_compressed():
     res = ok(comm_harness.run(2, p2p_workers.link_seen, seed(), deadline=180))
     from portable_zip.comm.observed import LinkSeen

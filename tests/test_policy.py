@@ -265,3 +265,34 @@ def test_a_compressed_plan_is_never_faster_than_the_native_ops_own_latency():
         native, coded = p.predict(op, BF16, 30, 3)
         assert coded >= 5e-3 and p.choose(op, BF16, 30, 3) == "native", (op, native, coded)
     assert policy(link_gbps=5, codec_gbps=1000, native=slow).choose("all_gather", BF16, 256 << 20, 3) == "compressed"
+
+
+def test_compressed_messages_slower_than_predicted_are_judged_per_peer_and_size():
+    from portable_zip.comm.observed import CodedSeen
+    seen, big, run = CodedSeen(), CodedSeen.MIN_BYTES, CodedSeen.RUN
+    seen.coded(1, big - 1, 10.0, lambda: 1.0)  # too small: mostly fixed costs
+    seen.coded(1, big, 0.0, lambda: 1.0)  # not timed (something was in flight before it): nothing learned
+    for _ in range(run - 1):
+        seen.coded(1, big, 3.0, lambda: 1.0)
+    assert seen.factor(1, big) == 1.0  # fewer than a run's observations move nothing
+    seen.coded(1, big, 40.0, lambda: 1.0)  # a stall among them: the run's median counts
+    assert seen.factor(1, big) == pytest.approx(2.0)  # halfway to 3
+    assert seen.factor(0, big) == 1.0 and seen.factor(1, 4 * big) == 1.0  # each peer and size class its own
+    assert seen.factor(1, big + big // 2) == pytest.approx(2.0)  # the same power of two
+    seen.raw(1, big)
+    assert seen.factor(1, big) == pytest.approx(1 + CodedSeen.DECAY)  # raw ages it: compression is tried again
+    for _ in range(run):
+        seen.coded(1, big, 0.5, lambda: 1.0)  # faster than predicted: never below 1
+    assert seen.factor(1, big) == 1.0
+    for _ in range(20):
+        seen.coded(1, big, 1000.0, lambda: 1.0)
+    assert seen.factor(1, big) == CodedSeen.RANGE[1]
+
+
+def test_send_pays_carries_the_coded_factor():
+    p = policy(link_gbps=10, codec_gbps=40, latency_us=50)
+    n = 64 << 20
+    assert p.send_pays(BF16, n, 1.0)
+    native, coded = p.predict("send", BF16, n, 2)
+    slower = native / coded  # compressed this much slower runs as long as raw: no longer pays
+    assert p.send_pays(BF16, n, 1.0, False, 0.9 * slower) and not p.send_pays(BF16, n, 1.0, False, slower)

@@ -38,7 +38,8 @@ def cached_digest(policy: Policy, tp: Transport, group, max_sms: int) -> int:
 
 
 def calibrate(policy: Policy, tp: Transport, group, timeout: float, cache_group, cached: bool,
-              swap: Callable[[List[float]], list], torch_native: bool, all_gpu: bool, max_sms: int) -> Calibration:
+              swap: Callable[[List[float]], list], torch_native: bool, all_gpu: bool, max_sms: int,
+              one_way: bool = False) -> Calibration:
     """Measure (or, where every rank has it cached, reuse) the constants, and
     agree on them: each rank's policy ends with the same figures and margin.
     Collective: every rank calls it with the same `cached` (the constructor's
@@ -48,7 +49,10 @@ def calibrate(policy: Policy, tp: Transport, group, timeout: float, cache_group,
     swap(values): every rank's list of floats, over the Communicator's
     transport. torch_native: the group has torch collectives to measure.
     all_gpu: every rank moves GPU tensors. max_sms: the SM budget the codec
-    will run under (0: all), so it is measured as it will run."""
+    will run under (0: all), so it is measured as it will run. one_way: every
+    pair is on the transport (no torch collectives, one rank a domain), so a
+    point-to-point send is timed one way, as it runs, not as half a ring
+    exchange (both directions at once share the hosts' copies and cores)."""
     key = _key(policy, tp, max_sms)
     if cached:
         policy.cal, policy.margin = _CACHE[cache_group][key]
@@ -60,6 +64,8 @@ def calibrate(policy: Policy, tp: Transport, group, timeout: float, cache_group,
     else:  # no torch collective to fall back to: "native" is a raw exchange over the same transport
         native = {"send": (alpha, beta), "all_gather": (w1 * alpha, w1 * beta),
                   "all_reduce": (2 * w1 * alpha, 2 * w1 * beta / max(tp.world, 1))}
+        if one_way:
+            native["send"] = measure_native("send", tp, group, Deadline(timeout))
     if policy.link_gbps:
         beta = 1e-9 / policy.link_gbps
         native = {"send": (native["send"][0], beta),

@@ -26,7 +26,7 @@ from .collectives import REDUCIBLE, ReduceOp
 from .deadline import Deadline
 from .store import give_up
 from .p2p import PointToPoint
-from .observed import LinkSeen
+from .observed import CodedSeen, LinkSeen
 from .pieces import Call
 from .plans import Plans
 from .policy import Policy
@@ -129,7 +129,7 @@ class Communicator:
         self.tp.connect(Deadline(self.timeout))  # collective: every rank constructs its Communicator
         for tp in dict.fromkeys(self._channel.tps):
             tp.connect(Deadline(self.timeout))
-        self._seen = LinkSeen()
+        self._seen, self._coded_seen = LinkSeen(), CodedSeen()
         self._p2p = PointToPoint(self._channel.tps, self._compresses, self.timeout, s.piece_bytes, self.max_sms,
                                  sent=self._sent if compress == "auto" and not lay.mixed else None)
         cached = calibration.cached_digest(self.policy, self.tp, self.parent_group, self._budget()) \
@@ -139,7 +139,8 @@ class Communicator:
         if compress == "auto":
             swap = lambda v: agree.swap_all(self.tp, v, Deadline(self.timeout), torch.float64)  # noqa: E731
             calibration.calibrate(self.policy, self.tp, self.group, self.timeout, self.parent_group, reuse,
-                                  swap=swap, torch_native=self._native, all_gpu=lay.all_gpu, max_sms=self._budget())
+                                  swap=swap, torch_native=self._native, all_gpu=lay.all_gpu, max_sms=self._budget(),
+                                  one_way=not lay.native and not lay.mixed)
             # The fabric's host cost per compressed exchange is measured, not assumed (its constant came from
             # 32-64 MiB sends and overstates small exchanges' cost); a cached calibration holds it already.
             if self.tp.backend == "fabric" and not lay.mixed and self.world > 1 \
@@ -172,18 +173,30 @@ class Communicator:
     def _compresses(self, t: torch.Tensor, peer: int) -> bool:
         """A message's plan, the sender's alone (the receiver reads it from the frame): under auto,
         judged on the link to peer as this rank has seen it run (LinkSeen), once it ran slower than
-        calibrated, and with more queued behind it as a stream whose codec work overlaps the wire."""
+        calibrated, on how its compressed messages of that size ran against their prediction
+        (CodedSeen), and with more queued behind it as a stream whose codec work overlaps the wire."""
+        slow = self._coded_seen.factor(peer, t.nbytes)  # both above 1 only under auto: no other mode observes
+        link = self._seen.factor(peer)
         if self._plans.pair([t], peer) == "compressed":
-            return True
-        link = self._seen.factor(peer)  # above 1 only under auto: no other mode observes
-        return link > 1.0 and self.policy.send_pays(t.dtype, t.nbytes, link, self._p2p.backlog(peer))
+            return slow == 1.0 or self.policy.send_pays(t.dtype, t.nbytes, link, self._p2p.backlog(peer), slow)
+        return link > 1.0 and self.policy.send_pays(t.dtype, t.nbytes, link, self._p2p.backlog(peer), slow)
 
-    def _sent(self, peer: int, t: torch.Tensor, coded: bool, seconds: float) -> None:
-        """A message peer has landed, its payloads having taken seconds to arrive there (PointToPoint's
-        report from the peer's ACK), under auto."""
+    def _sent(self, peer: int, t: torch.Tensor, coded: bool, seconds: float, took: float = 0.0) -> None:
+        """A message peer has landed, its payloads having taken seconds to arrive there and, where
+        nothing was in flight before it, took seconds from its start to the ACK (PointToPoint's
+        report), under auto."""
+        if self.policy.cal is None:
+            return
         if coded:
+            # Judged only on a link running as calibrated: a slower one is LinkSeen's to judge, and its
+            # factor lags the link, so a compressed message's excess would be the link's, counted twice.
+            if self._seen.factor(peer) == 1.0:
+                p = self.policy
+                self._coded_seen.coded(peer, t.nbytes, took,
+                                       lambda: p.predict("send", t.dtype, t.nbytes, 2)[1] * p.slowdown)
             self._seen.coded(peer)
-        elif self.policy.cal is not None:
+        else:
+            self._coded_seen.raw(peer, t.nbytes)
             self._seen.raw(peer, t.nbytes, seconds, lambda: self.policy.predict("send", t.dtype, t.nbytes, 2)[0])
 
     def _budget(self) -> int:

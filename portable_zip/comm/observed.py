@@ -11,7 +11,14 @@ NIC) or busier than it was at construction. Under auto, a pair whose raw
 messages keep running slower than predicted is judged with its link that
 much slower, for raw and compressed alike. Each compressed message to that
 peer moves the factor a step back toward 1, so a link that frees up is
-tried raw again, and re-measured."""
+tried raw again, and re-measured.
+
+A compressed message's whole time, from the send thread taking it up to
+the receiver's ACK, over the compressed prediction, is one observation of
+how the model misjudges compressing to that peer (CodedSeen): host staging,
+a codec sharing the GPU, launches the constants leave out. It is taken only
+for a message that found nothing of its pair in flight, so no earlier
+message's wire is in it."""
 from __future__ import annotations
 
 import statistics
@@ -19,17 +26,46 @@ import threading
 from typing import Callable, Dict, List
 
 
-class LinkSeen:
-    RANGE = (1.0, 64.0)  # slower than calibrated (shared by many flows), never faster: calibration is the optimistic bound
+class _Seen:
+    """Factors, each how much slower than predicted something has run, by
+    key: each moves halfway toward the median of its last RUN observations,
+    within RANGE; age() takes a step of its excess back."""
+    RANGE = (1.0, 64.0)
     WEIGHT = 0.5         # of each new target
-    RUN = 5              # observations the target is the median of: two stalls (GC pauses) move nothing
-    DECAY = 0.95         # of the excess over 1, per compressed message: a freed link is re-measured within ~15
+    RUN = 5
+    DECAY = 0.95
     MIN_BYTES = 1 << 20  # below this a message's time is mostly latency and host work, not the link
 
     def __init__(self):
         self._lock = threading.Lock()
-        self._factor: Dict[int, float] = {}
-        self._runs: Dict[int, List[float]] = {}
+        self._factor: Dict[object, float] = {}
+        self._runs: Dict[object, List[float]] = {}
+
+    def _observe(self, key, nbytes: int, seconds: float, predict: Callable[[], float]) -> None:
+        if nbytes < self.MIN_BYTES or seconds <= 0:
+            return
+        predicted = predict()
+        if predicted <= 0:
+            return
+        lo, hi = self.RANGE
+        with self._lock:
+            run = self._runs[key] = (self._runs.get(key, []) + [seconds / predicted])[-self.RUN:]
+            if len(run) < self.RUN:
+                return
+            f = self._factor.get(key, 1.0)
+            self._factor[key] = min(max((1 - self.WEIGHT) * f + self.WEIGHT * statistics.median(run), lo), hi)
+
+    def _age(self, key) -> None:
+        with self._lock:
+            f = self._factor.get(key)
+            if f is not None:
+                self._factor[key] = 1.0 + (f - 1.0) * self.DECAY
+
+
+class LinkSeen(_Seen):
+    RANGE = (1.0, 64.0)  # slower than calibrated (shared by many flows), never faster: calibration is the optimistic bound
+    RUN = 5              # observations the target is the median of: two stalls (GC pauses) move nothing
+    DECAY = 0.95         # of the excess over 1, per compressed message: a freed link is re-measured within ~15
 
     def factor(self, peer: int) -> float:
         """How much slower than calibrated the link to peer has run (1: as calibrated)."""
@@ -38,22 +74,37 @@ class LinkSeen:
     def raw(self, peer: int, nbytes: int, seconds: float, predict: Callable[[], float]) -> None:
         """A raw message of nbytes to peer took seconds to arrive; predict() gives the model's time
         (asked only for a message large enough to say something of the link)."""
-        if nbytes < self.MIN_BYTES or seconds <= 0:
-            return
-        predicted = predict()
-        if predicted <= 0:
-            return
-        lo, hi = self.RANGE
-        with self._lock:
-            run = self._runs[peer] = (self._runs.get(peer, []) + [seconds / predicted])[-self.RUN:]
-            if len(run) < self.RUN:
-                return
-            f = self._factor.get(peer, 1.0)
-            self._factor[peer] = min(max((1 - self.WEIGHT) * f + self.WEIGHT * statistics.median(run), lo), hi)
+        self._observe(peer, nbytes, seconds, predict)
 
     def coded(self, peer: int) -> None:
         """A compressed message went to peer: the raw figure ages a step."""
-        with self._lock:
-            f = self._factor.get(peer)
-            if f is not None:
-                self._factor[peer] = 1.0 + (f - 1.0) * self.DECAY
+        self._age(peer)
+
+
+class CodedSeen(_Seen):
+    """How much slower than predicted a sender's compressed messages to each
+    peer have run, per size class (powers of two: fixed costs weigh on small
+    messages, not on large ones). Only a plan slower than predicted is
+    re-judged, as with the collectives' slowdown: a late receiver inflates an
+    observation, and can only turn messages raw. Each raw message of a class
+    takes a step of its excess back, so compression is tried again, and
+    re-measured, once raw has run a while."""
+    RUN = 3              # observations the target is the median of: one stall moves nothing
+    DECAY = 0.9          # of the excess over 1, per raw message of the class
+
+    @staticmethod
+    def _key(peer: int, nbytes: int) -> tuple:
+        return peer, max(int(nbytes), 1).bit_length()
+
+    def factor(self, peer: int, nbytes: int) -> float:
+        """How much slower than predicted compressing nbytes to peer has run (1: as predicted)."""
+        return self._factor.get(self._key(peer, nbytes), 1.0)
+
+    def coded(self, peer: int, nbytes: int, seconds: float, predict: Callable[[], float]) -> None:
+        """A compressed message of nbytes to peer took seconds, send to ACK, with nothing before it in
+        flight; predict() gives the model's time for it (asked only for a message large enough)."""
+        self._observe(self._key(peer, nbytes), nbytes, seconds, predict)
+
+    def raw(self, peer: int, nbytes: int) -> None:
+        """A raw message of nbytes went to peer: its class's figure ages a step."""
+        self._age(self._key(peer, nbytes))

@@ -66,6 +66,7 @@ class _Op:
     stream: Optional[object] = None  # the caller's CUDA stream
     seq: int = -1
     t0: float = field(default_factory=time.perf_counter)
+    started: float = 0.0             # sends: when the send thread took it up, if nothing was in flight (else 0)
     wire: int = 0
     plan: str = "raw"
     sms: Optional[int] = None        # the SM budget of its codec launches (None: every SM)
@@ -109,12 +110,14 @@ class PointToPoint:
     direction, so a read waiting on the peer never holds up a send to it.
     compresses(t, peer): the sender's plan for t (the mode, and under auto the policy).
     timeout: seconds an op may take. piece_bytes: PZ_PIECE_BYTES (0: the default cut).
-    sent(peer, t, coded, seconds): told of each message the peer has landed, with the seconds its
-    payloads took to arrive there (the receiver's figure, in its ACK; 0 where it sent none)."""
+    sent(peer, t, coded, seconds, took): told of each message the peer has landed, with the seconds its
+    payloads took to arrive there (the receiver's figure, in its ACK; 0 where it sent none) and, for a
+    message that found nothing of the pair in flight, the seconds from the send thread taking it up to
+    its ACK (else 0)."""
 
     def __init__(self, tps: tuple, compresses: Callable[[torch.Tensor, int], bool], timeout: float,
                  piece_bytes: int = 0, max_sms: Optional[int] = None,
-                 sent: Optional[Callable[[int, torch.Tensor, bool, float], None]] = None):
+                 sent: Optional[Callable[[int, torch.Tensor, bool, float, float], None]] = None):
         self.tps, self.compresses, self.timeout, self.sent = tps, compresses, timeout, sent
         self.piece_bytes, self.max_sms = piece_bytes, max_sms
         tp = tps[0]
@@ -298,6 +301,8 @@ class _Peer:
 
     def _send(self, op: _Op) -> None:
         o, t = self.o, op.t
+        with self.cv:  # nothing of the pair in flight: its time to the ACK is its own
+            op.started = time.perf_counter() if not self.unacked else 0.0
         with torch.cuda.stream(op.stream) if op.stream is not None else contextlib.nullcontext():
             coded = o.coded(t, self.peer)
             op.plan = "compressed" if coded else "raw"
@@ -403,7 +408,8 @@ class _Peer:
         if status == OK:
             self.o.stats.record("send", op.plan, op.t0, op.t.nbytes, op.wire)
             if self.o.sent is not None:
-                self.o.sent(self.peer, op.t, op.plan == "compressed", f[W_ARRIVAL] * 1e-6)
+                took = time.perf_counter() - op.started if op.started else 0.0
+                self.o.sent(self.peer, op.t, op.plan == "compressed", f[W_ARRIVAL] * 1e-6, took)
             op.fut.set_result(None)
             return
         mine = describe(code_of(op.t.dtype), op.t.numel())

@@ -296,15 +296,17 @@ class Policy:
             self._decided[key] = plan
         return plan
 
-    def send_pays(self, dtype: torch.dtype, nbytes: int, link: float, streaming: bool = False) -> bool:
+    def send_pays(self, dtype: torch.dtype, nbytes: int, link: float, streaming: bool = False,
+                  coded: float = 1.0) -> bool:
         """Whether a message of nbytes gains from compression on a link
         running link times slower than calibrated (streaming: with more
-        queued behind it): the sender's own judgement (point to point needs
-        no agreement), not cached."""
+        queued behind it), its compressed messages having run coded times
+        slower than predicted: the sender's own judgement (point to point
+        needs no agreement), not cached."""
         if self.cal is None or dtype not in CODED or nbytes == 0:
             return False
-        native, coded = self.predict("send", dtype, nbytes, 2, link, streaming)
-        return self._pays(native, coded)
+        native, c = self.predict("send", dtype, nbytes, 2, link, streaming)
+        return self._pays(native, c * coded)
 
     def _pays(self, native: float, coded: float) -> bool:
         """The rule every decision applies: the coded prediction, times the
