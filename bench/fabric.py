@@ -6,7 +6,9 @@ and what torch offers, on the same bf16 weight-like tensors (N(0, 0.02^2)):
   fabric raw   pz.Communicator(compress="never", transport="fabric"), per
                PZ_FABRIC_RAILS (1, 2, 4), PZ_FABRIC_PROVIDER="tcp;ofi_rxm"
   fabric always/auto
-               the same with compress="always" / "auto", per rails value
+               the same with compress="always" / "auto", per rails value, side by
+               side with raw on the same rails: one Communicator each in one pair of
+               processes, their reps interleaved, so drift hits every mode alike
   gloo         torch.distributed send/recv over gloo on CPU tensors; GPU ranks
                also pay the copy to pinned host memory and back, as a GPU user would
   nccl socket  NCCL's socket transport over loopback (needs 2 GPUs: NCCL refuses
@@ -90,6 +92,18 @@ def timed(fn, cuda: bool, reps: int, reset=None) -> float:
     return statistics.median(times)
 
 
+def timed_each(fns: dict, cuda: bool, reps: int) -> dict:
+    """timed() for several fns at once, their reps interleaved (each rep runs every fn once, starting
+    one further along each time): {name: median seconds}."""
+    names = list(fns)
+    times = {k: [] for k in names}
+    for rep in range(reps):
+        for i in range(len(names)):
+            k = names[(rep + i) % len(names)]
+            times[k].append(timed(fns[k], cuda, 1))
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
 # --- the link's limit: plain TCP sockets -------------------------------------------------------------------------
 def _connect(rank: int, streams: int, key: str) -> list:
     """streams TCP connections from rank 0 to rank 1 on 127.0.0.1, in stream order."""
@@ -165,7 +179,9 @@ def socket_worker(rank, world, sizes, streams_list, quick):
 
 # --- one-way transfers: fabric, gloo, NCCL -----------------------------------------------------------------------
 def p2p_worker(rank, world, how, sizes, on_cuda, quick):
-    """Rank 0 sends each size to rank 1. how: "fabric:<compress mode>", "gloo" or "nccl"."""
+    """Rank 0 sends each size to rank 1. how: "fabric:<compress mode>[,<mode>...]", "gloo" or "nccl".
+    Several fabric modes run side by side, one Communicator each, their reps interleaved (each rep
+    times every mode once, in turn), so drift on the host hits them alike: {"modes": {mode: run}}."""
     if how == "nccl":
         dev = torch.device("cuda", rank)
     else:
@@ -173,54 +189,65 @@ def p2p_worker(rank, world, how, sizes, on_cuda, quick):
     cuda = dev.type == "cuda"
     src = comm_bench.weights(max(sizes) // 2, dev, seed=0)  # both ranks: rank 1 checks against it
     dst = torch.empty_like(src)
-    comm, host, meta = None, None, {"device": str(dev)}
+    comms, host, meta = {None: None}, None, {None: {"device": str(dev)}}
     if how.startswith("fabric:"):
         import portable_zip as pz
 
-        comm = pz.Communicator(compress=how.split(":")[1], transport="fabric", device=dev, timeout=120)
-        meta.update(backend=comm.backend, info=dict(comm.tp.info))
-        if comm.policy.cal is not None:
-            meta["calibration"] = comm.policy.cal.describe()
+        comms, meta = {}, {}
+        for mode in how.split(":")[1].split(","):
+            c = comms[mode] = pz.Communicator(compress=mode, transport="fabric", device=dev, timeout=120)
+            meta[mode] = {"device": str(dev), "backend": c.backend, "info": dict(c.tp.info)}
+            if c.policy.cal is not None:
+                meta[mode]["calibration"] = c.policy.cal.describe()
     elif how == "gloo" and cuda:  # what a GPU user of gloo does: pinned host buffers, copies both ways
         host = torch.empty(src.numel(), dtype=src.dtype, pin_memory=True)
-    rows = []
+    rows = {m: [] for m in comms}
     for size in sizes:
         n = size // 2
         a, b = src[:n], dst[:n]
         h = host[:n] if host is not None else None
 
-        def move(a=a, b=b, h=h):
-            if comm is not None:
-                comm.send(a, 1) if rank == 0 else comm.recv(b, 0)
-            elif h is None:
-                dist.send(a, 1) if rank == 0 else dist.recv(b, 0)
-            elif rank == 0:
-                h.copy_(a)
-                dist.send(h, 1)
-            else:
-                dist.recv(h, 0)
-                b.copy_(h)
+        def mover(comm):
+            def move():
+                if comm is not None:
+                    comm.send(a, 1) if rank == 0 else comm.recv(b, 0)
+                elif h is None:
+                    dist.send(a, 1) if rank == 0 else dist.recv(b, 0)
+                elif rank == 0:
+                    h.copy_(a)
+                    dist.send(h, 1)
+                else:
+                    dist.recv(h, 0)
+                    b.copy_(h)
+            return move
 
-        before = {**comm.stats.get("send", {})} if comm is not None else {}
-        b.fill_(POISON)
-        move()  # warm-up, and the transfer that is checked
-        if cuda:
-            torch.cuda.synchronize()
-        row = {"bytes": size, "ok": bool(torch.equal(a.view(torch.int16), b.view(torch.int16))) if rank == 1 else None}
-        sec = timed(move, cuda, reps_for(size, quick))
-        row.update(ms=sec * 1e3, GBps=size / sec / 1e9)
-        if comm is not None and rank == 0:
-            s, plans = comm.stats["send"], before.get("plans", {})
-            row["plan"] = "/".join(p for p in s["plans"] if s["plans"][p] > plans.get(p, 0)) or "-"
-            raw = s["raw_bytes"] - before.get("raw_bytes", 0)
-            row["ratio"] = (s["wire_bytes"] - before.get("wire_bytes", 0)) / raw if raw else 1.0
-            if comm.policy.cal is not None:  # what auto's cost model expected of each plan (ms)
-                native, coded = comm.policy.predict("send", src.dtype, size, 2)
-                row["predicted_ms"] = {"raw": native * 1e3, "compressed": coded * 1e3}
-        rows.append(row)
-    if comm is not None:
-        comm.close()
-    return {"rows": rows, **meta}
+        moves = {m: mover(c) for m, c in comms.items()}
+        before, got = {}, {}
+        for m, c in comms.items():
+            before[m] = {**c.stats.get("send", {})} if c is not None else {}
+            b.fill_(POISON)
+            moves[m]()  # warm-up, and the transfer that is checked
+            if cuda:
+                torch.cuda.synchronize()
+            got[m] = bool(torch.equal(a.view(torch.int16), b.view(torch.int16))) if rank == 1 else None
+        secs = timed_each(moves, cuda, reps_for(size, quick))
+        for m, c in comms.items():
+            row = {"bytes": size, "ok": got[m], "ms": secs[m] * 1e3, "GBps": size / secs[m] / 1e9}
+            if c is not None and rank == 0:
+                st, plans = c.stats["send"], before[m].get("plans", {})
+                row["plan"] = "/".join(p for p in st["plans"] if st["plans"][p] > plans.get(p, 0)) or "-"
+                raw = st["raw_bytes"] - before[m].get("raw_bytes", 0)
+                row["ratio"] = (st["wire_bytes"] - before[m].get("wire_bytes", 0)) / raw if raw else 1.0
+                if c.policy.cal is not None:  # what auto's cost model expected of each plan (ms)
+                    native, coded = c.policy.predict("send", src.dtype, size, 2)
+                    row["predicted_ms"] = {"raw": native * 1e3, "compressed": coded * 1e3}
+            rows[m].append(row)
+    for c in comms.values():
+        if c is not None:
+            c.close()
+    if None in comms:
+        return {"rows": rows[None], **meta[None]}
+    return {"modes": {m: {"rows": rows[m], "interleaved": len(comms) > 1, **meta[m]} for m in comms}}
 
 
 # --- collectives across domains ----------------------------------------------------------------------------------
@@ -355,24 +382,28 @@ def p2p(a, sizes, fabric_env, save) -> dict:
         vals, err = run(2, fn, *args, **kw)
         if name == "socket":
             out["socket"] = vals[0] if vals else err
+        elif vals and "modes" in vals[0]:  # fabric modes side by side: one run each, as fabric_<mode>_r<rails>
+            rails_tag = name.split("_")[-1]
+            for mode in vals[0]["modes"]:
+                out["runs"][f"fabric_{mode}_{rails_tag}"] = _merge_p2p([v["modes"][mode] for v in vals])
         else:
             out["runs"][name] = _merge_p2p(vals) if vals else err
         out["table"] = _p2p_table(out, sizes, sorted(set(rails) | set(a.compressed_rails)))
         save(out)
 
     record("socket", socket_worker, sizes, rails, a.quick)
-    for r in rails:
-        record(f"fabric_never_r{r}", p2p_worker, "fabric:never", sizes, on_cuda, a.quick,
+    for r in rails:  # raw, with always and auto beside it (interleaved) where those run on r rails
+        modes = ["never"] + (["always", "auto"] if r in a.compressed_rails else [])
+        record(f"fabric_r{r}", p2p_worker, "fabric:" + ",".join(modes), sizes, on_cuda, a.quick,
                env={**fabric_env, "PZ_FABRIC_RAILS": str(r)})
     record("gloo", p2p_worker, "gloo", sizes, on_cuda, a.quick)
     if on_cuda and torch.cuda.device_count() >= 2:
         record("nccl_socket", p2p_worker, "nccl", sizes, True, a.quick, env=NCCL_SOCKET, backend="nccl")
     else:
         out["runs"]["nccl_socket"] = "skipped: needs 2 GPUs" if on_cuda else "skipped: CPU ranks"
-    for how in ("always", "auto"):
-        for r in a.compressed_rails:
-            record(f"fabric_{how}_r{r}", p2p_worker, f"fabric:{how}", sizes, on_cuda, a.quick,
-                   env={**fabric_env, "PZ_FABRIC_RAILS": str(r)})
+    for r in sorted(set(a.compressed_rails) - set(rails)):
+        record(f"fabric_r{r}", p2p_worker, "fabric:always,auto", sizes, on_cuda, a.quick,
+               env={**fabric_env, "PZ_FABRIC_RAILS": str(r)})
     return out
 
 
