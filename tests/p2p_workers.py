@@ -303,6 +303,6 @@ def coded_seen(rank, world, seed):
         plans = _send_all(comm, seed, cases, n, bf)
     finally:
         p2p_mod._Peer._encode = real
-    factor = comm._coded_seen.factor(1, 2 * n)
+    factor = comm._coded_seen.factor(1, bf, 2 * n)
     comm.close()
     return plans, factor

@@ -236,7 +236,7 @@ def test_a_link_seen_slower_is_followed_by_the_sender_alone():
     assert seen.factor(1) == pytest.approx(1 + (LinkSeen.RANGE[1] - 1) * LinkSeen.DECAY)
     for _ in range(200):  # compressed for long enough: the link is tried raw again
         seen.coded(1)
-    assert seen.factor(1) < 1.01
+    assert seen.factor(1) == 1.0  # within SNAP of 1 is 1: "as calibrated" again, exactly
     seen.raw(1, big, 0.0, lambda: 1.0)  # a receiver that reported no arrival time (an older peer): nothing learned
     assert seen.factor(1) < 1.01
 
@@ -267,26 +267,34 @@ def test_a_compressed_plan_is_never_faster_than_the_native_ops_own_latency():
     assert policy(link_gbps=5, codec_gbps=1000, native=slow).choose("all_gather", BF16, 256 << 20, 3) == "compressed"
 
 
-def test_compressed_messages_slower_than_predicted_are_judged_per_peer_and_size():
+def test_compressed_messages_slower_than_predicted_are_judged_per_peer_dtype_and_size():
     from portable_zip.comm.observed import CodedSeen
     seen, big, run = CodedSeen(), CodedSeen.MIN_BYTES, CodedSeen.RUN
-    seen.coded(1, big - 1, 10.0, lambda: 1.0)  # too small: mostly fixed costs
-    seen.coded(1, big, 0.0, lambda: 1.0)  # not timed (something was in flight before it): nothing learned
+    seen.coded(1, BF16, big - 1, 10.0, lambda: 1.0)  # too small: mostly fixed costs
+    seen.coded(1, BF16, big, 0.0, lambda: 1.0)  # not timed: nothing learned
     for _ in range(run - 1):
-        seen.coded(1, big, 3.0, lambda: 1.0)
-    assert seen.factor(1, big) == 1.0  # fewer than a run's observations move nothing
-    seen.coded(1, big, 40.0, lambda: 1.0)  # a stall among them: the run's median counts
-    assert seen.factor(1, big) == pytest.approx(2.0)  # halfway to 3
-    assert seen.factor(0, big) == 1.0 and seen.factor(1, 4 * big) == 1.0  # each peer and size class its own
-    assert seen.factor(1, big + big // 2) == pytest.approx(2.0)  # the same power of two
-    seen.raw(1, big)
-    assert seen.factor(1, big) == pytest.approx(1 + CodedSeen.DECAY)  # raw ages it: compression is tried again
-    for _ in range(run):
-        seen.coded(1, big, 0.5, lambda: 1.0)  # faster than predicted: never below 1
-    assert seen.factor(1, big) == 1.0
+        seen.coded(1, BF16, big, 3.0, lambda: 1.0)
+    assert seen.factor(1, BF16, big) == 1.0  # fewer than a run's observations move nothing
+    seen.coded(1, BF16, big, 40.0, lambda: 1.0)  # a stall among them: the run's median counts
+    assert seen.factor(1, BF16, big) == pytest.approx(2.0)  # halfway to 3
+    assert seen.factor(0, BF16, big) == 1.0 and seen.factor(1, BF16, 4 * big) == 1.0  # each peer, size class
+    assert seen.factor(1, torch.float32, big) == 1.0  # and dtype its own
+    assert seen.factor(1, BF16, big + big // 2) == pytest.approx(2.0)  # the same power of two
+    seen.raw(1, torch.float32, big)  # another dtype's raw message ages nothing here
+    assert seen.factor(1, BF16, big) == pytest.approx(2.0)
+    seen.raw(1, BF16, big)
+    assert seen.factor(1, BF16, big) == pytest.approx(1 + CodedSeen.DECAY)  # raw ages it: compression tried again
+    for _ in range(40):
+        seen.raw(1, BF16, big)
+    assert seen.factor(1, BF16, big) == 1.0  # within SNAP of 1 is 1
+    seen.coded(1, BF16, big, 1.0, lambda: 1.0)  # a retry that ran as predicted: the aged run does not undo it
+    assert seen.factor(1, BF16, big) < 1.0 + CodedSeen.SNAP
     for _ in range(20):
-        seen.coded(1, big, 1000.0, lambda: 1.0)
-    assert seen.factor(1, big) == CodedSeen.RANGE[1]
+        seen.coded(1, BF16, big, 1000.0, lambda: 1.0)
+    assert seen.factor(1, BF16, big) == CodedSeen.RANGE[1]
+    for _ in range(run + 12):  # halfway steps from the top
+        seen.coded(1, BF16, big, 0.5, lambda: 1.0)  # faster than predicted: never below 1
+    assert seen.factor(1, BF16, big) == 1.0
 
 
 def test_send_pays_carries_the_coded_factor():

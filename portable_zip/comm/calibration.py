@@ -65,7 +65,7 @@ def calibrate(policy: Policy, tp: Transport, group, timeout: float, cache_group,
         native = {"send": (alpha, beta), "all_gather": (w1 * alpha, w1 * beta),
                   "all_reduce": (2 * w1 * alpha, 2 * w1 * beta / max(tp.world, 1))}
         if one_way:
-            native["send"] = measure_native("send", tp, group, Deadline(timeout))
+            native["send"] = measure_one_way(tp, Deadline(timeout), all_gpu)
     if policy.link_gbps:
         beta = 1e-9 / policy.link_gbps
         native = {"send": (native["send"][0], beta),
@@ -135,6 +135,38 @@ def measure_link(tp: Transport, deadline: Deadline, all_gpu: bool):
         return lambda: tp.wait(tp.post([(SEND, a, nxt), (RECV, b, prv)]), deadline)
 
     return _alpha_beta(ring, small, big, tp.device)
+
+
+def measure_one_way(tp: Transport, deadline: Deadline, all_gpu: bool):
+    """(alpha, beta) of a send one way: every hop i -> i + 1 of the ring,
+    timed in phases in which each rank takes part in one hop at most (the
+    even hops, the odd ones, and with an odd world the wrap alone). Each
+    rank's figure is its slowest phase's, so the agreed one is the slowest
+    hop's, as the ring's is (a host's own pairs never stand for the links
+    between hosts)."""
+    w = tp.world
+    if w == 1:
+        return 0.0, 0.0
+    small, big = (256 << 10, 32 << 20) if all_gpu else (16 << 10, 2 << 20)  # every rank's alike
+    me, nxt, prv = tp.rank, (tp.rank + 1) % w, (tp.rank - 1) % w
+
+    def phase(i: int) -> int:  # of hop i -> i + 1
+        return 2 if w % 2 and i == w - 1 else i % 2
+
+    out = (0.0, 0.0)
+    for ph in range(3 if w % 2 else 2):
+        if ph not in (phase(me), phase(prv)):
+            continue  # no hop of this rank's: its peers' transfers pair among themselves
+
+        def hop(size, ph=ph):
+            a = torch.empty(size, dtype=torch.uint8, device=tp.device)
+            b = torch.empty(size, dtype=torch.uint8, device=tp.device)
+            ops = ([(SEND, a, nxt)] if phase(me) == ph else []) + ([(RECV, b, prv)] if phase(prv) == ph else [])
+            return lambda: tp.wait(tp.post(ops), deadline)
+
+        alpha, beta = _alpha_beta(hop, small, big, tp.device)
+        out = (max(out[0], alpha), max(out[1], beta))
+    return out
 
 
 def measure_native(op: str, tp: Transport, group, deadline: Deadline):

@@ -175,28 +175,27 @@ class Communicator:
         judged on the link to peer as this rank has seen it run (LinkSeen), once it ran slower than
         calibrated, on how its compressed messages of that size ran against their prediction
         (CodedSeen), and with more queued behind it as a stream whose codec work overlaps the wire."""
-        slow = self._coded_seen.factor(peer, t.nbytes)  # both above 1 only under auto: no other mode observes
+        slow = self._coded_seen.factor(peer, t.dtype, t.nbytes)  # both above 1 only under auto: no other mode observes
         link = self._seen.factor(peer)
         if self._plans.pair([t], peer) == "compressed":
             return slow == 1.0 or self.policy.send_pays(t.dtype, t.nbytes, link, self._p2p.backlog(peer), slow)
         return link > 1.0 and self.policy.send_pays(t.dtype, t.nbytes, link, self._p2p.backlog(peer), slow)
 
     def _sent(self, peer: int, t: torch.Tensor, coded: bool, seconds: float, took: float = 0.0) -> None:
-        """A message peer has landed, its payloads having taken seconds to arrive there and, where
-        nothing was in flight before it, took seconds from its start to the ACK (PointToPoint's
-        report), under auto."""
+        """A message peer has landed, its payloads having taken seconds to arrive there and the send
+        thread took seconds (PointToPoint's report), under auto."""
         if self.policy.cal is None:
             return
         if coded:
-            # Judged only on a link running as calibrated: a slower one is LinkSeen's to judge, and its
-            # factor lags the link, so a compressed message's excess would be the link's, counted twice.
+            # Judged only on a link running as calibrated (within LinkSeen's snap): a slower one is
+            # LinkSeen's to judge, and its factor lags the link, so the link's excess would count twice.
             if self._seen.factor(peer) == 1.0:
                 p = self.policy
-                self._coded_seen.coded(peer, t.nbytes, took,
+                self._coded_seen.coded(peer, t.dtype, t.nbytes, took,
                                        lambda: p.predict("send", t.dtype, t.nbytes, 2)[1] * p.slowdown)
             self._seen.coded(peer)
         else:
-            self._coded_seen.raw(peer, t.nbytes)
+            self._coded_seen.raw(peer, t.dtype, t.nbytes)
             self._seen.raw(peer, t.nbytes, seconds, lambda: self.policy.predict("send", t.dtype, t.nbytes, 2)[0])
 
     def _budget(self) -> int:

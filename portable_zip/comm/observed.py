@@ -13,12 +13,13 @@ much slower, for raw and compressed alike. Each compressed message to that
 peer moves the factor a step back toward 1, so a link that frees up is
 tried raw again, and re-measured.
 
-A compressed message's whole time, from the send thread taking it up to
-the receiver's ACK, over the compressed prediction, is one observation of
-how the model misjudges compressing to that peer (CodedSeen): host staging,
-a codec sharing the GPU, launches the constants leave out. It is taken only
-for a message that found nothing of its pair in flight, so no earlier
-message's wire is in it."""
+The time the sender's thread spends on a compressed message (its codec,
+host staging, its posts until they complete) over the compressed
+prediction is one observation of how the model misjudges compressing to
+that peer (CodedSeen): staging where the fabric has no GPU memory
+registration, a codec sharing the GPU, read-backs the constants leave out.
+The sender's own time holds no ACK round trip, no receive posted late and
+no wait behind the peer's own messages."""
 from __future__ import annotations
 
 import statistics
@@ -29,7 +30,10 @@ from typing import Callable, Dict, List
 class _Seen:
     """Factors, each how much slower than predicted something has run, by
     key: each moves halfway toward the median of its last RUN observations,
-    within RANGE; age() takes a step of its excess back."""
+    within RANGE, and within SNAP of 1 is 1; age() takes a step of the excess
+    back, of the factor and of the observations kept (so the next one is
+    weighed against aged ones, not the stale run)."""
+    SNAP = 0.03
     RANGE = (1.0, 64.0)
     WEIGHT = 0.5         # of each new target
     RUN = 5
@@ -53,13 +57,17 @@ class _Seen:
             if len(run) < self.RUN:
                 return
             f = self._factor.get(key, 1.0)
-            self._factor[key] = min(max((1 - self.WEIGHT) * f + self.WEIGHT * statistics.median(run), lo), hi)
+            self._factor[key] = self._snap(min(max((1 - self.WEIGHT) * f + self.WEIGHT * statistics.median(run), lo), hi))
 
     def _age(self, key) -> None:
         with self._lock:
             f = self._factor.get(key)
             if f is not None:
-                self._factor[key] = 1.0 + (f - 1.0) * self.DECAY
+                self._factor[key] = self._snap(1.0 + (f - 1.0) * self.DECAY)
+                self._runs[key] = [1.0 + (x - 1.0) * self.DECAY if x > 1.0 else x for x in self._runs.get(key, [])]
+
+    def _snap(self, f: float) -> float:
+        return 1.0 if abs(f - 1.0) < self.SNAP else f
 
 
 class LinkSeen(_Seen):
@@ -83,8 +91,8 @@ class LinkSeen(_Seen):
 
 class CodedSeen(_Seen):
     """How much slower than predicted a sender's compressed messages to each
-    peer have run, per size class (powers of two: fixed costs weigh on small
-    messages, not on large ones). Only a plan slower than predicted is
+    peer have run, per dtype and size class (powers of two: fixed costs weigh
+    on small messages, not on large ones). Only a plan slower than predicted is
     re-judged, as with the collectives' slowdown: a late receiver inflates an
     observation, and can only turn messages raw. Each raw message of a class
     takes a step of its excess back, so compression is tried again, and
@@ -93,18 +101,18 @@ class CodedSeen(_Seen):
     DECAY = 0.9          # of the excess over 1, per raw message of the class
 
     @staticmethod
-    def _key(peer: int, nbytes: int) -> tuple:
-        return peer, max(int(nbytes), 1).bit_length()
+    def _key(peer: int, dtype, nbytes: int) -> tuple:
+        return peer, dtype, max(int(nbytes), 1).bit_length()
 
-    def factor(self, peer: int, nbytes: int) -> float:
-        """How much slower than predicted compressing nbytes to peer has run (1: as predicted)."""
-        return self._factor.get(self._key(peer, nbytes), 1.0)
+    def factor(self, peer: int, dtype, nbytes: int) -> float:
+        """How much slower than predicted compressing nbytes of dtype to peer has run (1: as predicted)."""
+        return self._factor.get(self._key(peer, dtype, nbytes), 1.0)
 
-    def coded(self, peer: int, nbytes: int, seconds: float, predict: Callable[[], float]) -> None:
-        """A compressed message of nbytes to peer took seconds, send to ACK, with nothing before it in
-        flight; predict() gives the model's time for it (asked only for a message large enough)."""
-        self._observe(self._key(peer, nbytes), nbytes, seconds, predict)
+    def coded(self, peer: int, dtype, nbytes: int, seconds: float, predict: Callable[[], float]) -> None:
+        """A compressed message of nbytes of dtype to peer took the sender seconds; predict() gives the
+        model's time for it (asked only for a message large enough)."""
+        self._observe(self._key(peer, dtype, nbytes), nbytes, seconds, predict)
 
-    def raw(self, peer: int, nbytes: int) -> None:
-        """A raw message of nbytes went to peer: its class's figure ages a step."""
-        self._age(self._key(peer, nbytes))
+    def raw(self, peer: int, dtype, nbytes: int) -> None:
+        """A raw message of nbytes of dtype went to peer: its class's figure ages a step."""
+        self._age(self._key(peer, dtype, nbytes))

@@ -66,7 +66,7 @@ class _Op:
     stream: Optional[object] = None  # the caller's CUDA stream
     seq: int = -1
     t0: float = field(default_factory=time.perf_counter)
-    started: float = 0.0             # sends: when the send thread took it up, if nothing was in flight (else 0)
+    busy: float = 0.0                # sends: seconds the send thread spent on it (0: not yet done)
     wire: int = 0
     plan: str = "raw"
     sms: Optional[int] = None        # the SM budget of its codec launches (None: every SM)
@@ -111,9 +111,8 @@ class PointToPoint:
     compresses(t, peer): the sender's plan for t (the mode, and under auto the policy).
     timeout: seconds an op may take. piece_bytes: PZ_PIECE_BYTES (0: the default cut).
     sent(peer, t, coded, seconds, took): told of each message the peer has landed, with the seconds its
-    payloads took to arrive there (the receiver's figure, in its ACK; 0 where it sent none) and, for a
-    message that found nothing of the pair in flight, the seconds from the send thread taking it up to
-    its ACK (else 0)."""
+    payloads took to arrive there (the receiver's figure, in its ACK; 0 where it sent none) and the
+    seconds the send thread spent on it, taking it up to its last post completing (0: not known)."""
 
     def __init__(self, tps: tuple, compresses: Callable[[torch.Tensor, int], bool], timeout: float,
                  piece_bytes: int = 0, max_sms: Optional[int] = None,
@@ -301,8 +300,7 @@ class _Peer:
 
     def _send(self, op: _Op) -> None:
         o, t = self.o, op.t
-        with self.cv:  # nothing of the pair in flight: its time to the ACK is its own
-            op.started = time.perf_counter() if not self.unacked else 0.0
+        started = time.perf_counter()
         with torch.cuda.stream(op.stream) if op.stream is not None else contextlib.nullcontext():
             coded = o.coded(t, self.peer)
             op.plan = "compressed" if coded else "raw"
@@ -324,6 +322,9 @@ class _Peer:
                     self.out_tp.wait(pending, op.deadline)
                 pending = nxt
             self.out_tp.wait(pending, op.deadline)
+        # The sender's own time for it (codec, staging, posts until they complete): no ACK's round trip, no
+        # late receive, no wait behind the peer's own messages. Set before its ACK is read, as a rule.
+        op.busy = time.perf_counter() - started
 
     def _encode(self, piece: torch.Tensor, sms: Optional[int]) -> torch.Tensor:
         buf = codec.compress(piece, max_sms=sms, trim=False)
@@ -407,10 +408,11 @@ class _Peer:
         status = f[W_STATUS]
         if status == OK:
             self.o.stats.record("send", op.plan, op.t0, op.t.nbytes, op.wire)
-            if self.o.sent is not None:
-                took = time.perf_counter() - op.started if op.started else 0.0
-                self.o.sent(self.peer, op.t, op.plan == "compressed", f[W_ARRIVAL] * 1e-6, took)
-            op.fut.set_result(None)
+            try:
+                if self.o.sent is not None:
+                    self.o.sent(self.peer, op.t, op.plan == "compressed", f[W_ARRIVAL] * 1e-6, op.busy)
+            finally:  # the send is done whatever its judgement does
+                op.fut.set_result(None)
             return
         mine = describe(code_of(op.t.dtype), op.t.numel())
         theirs = describe(f[W_THEIR_DTYPE], f[W_THEIR_NUMEL])
