@@ -271,8 +271,8 @@ def link_seen(rank, world, seed):
 
 def coded_seen(rank, world, seed):
     """Under auto a sender also judges compressing to a peer by how its
-    compressed messages ran, send to ACK, against their prediction: rank 0's
-    codec is made slow (each encode first sleeps two raw predictions), so
+    compressed messages ran against their prediction: rank 0's
+    codec is made slow (each encode first sleeps ten raw predictions), so
     after a run of such messages (CodedSeen.RUN) its messages of that size go
     raw, and once raw has run a while compression is tried again; every
     message lands exactly. The link is judged as calibrated here (LinkSeen
@@ -296,7 +296,7 @@ def coded_seen(rank, world, seed):
     real = p2p_mod._Peer._encode
 
     def slow(self, piece, sms):
-        time.sleep(2 * predicted)
+        time.sleep(10 * predicted)
         return real(self, piece, sms)
     p2p_mod._Peer._encode = slow
     try:

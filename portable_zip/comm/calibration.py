@@ -143,12 +143,14 @@ def measure_one_way(tp: Transport, deadline: Deadline, all_gpu: bool):
     even hops, the odd ones, and with an odd world the wrap alone). Each
     rank's figure is its slowest phase's, so the agreed one is the slowest
     hop's, as the ring's is (a host's own pairs never stand for the links
-    between hosts)."""
+    between hosts). After each timed transfer the receiver answers with one
+    byte, untimed, so no rep's data is already in flight when it starts."""
     w = tp.world
     if w == 1:
         return 0.0, 0.0
     small, big = (256 << 10, 32 << 20) if all_gpu else (16 << 10, 2 << 20)  # every rank's alike
     me, nxt, prv = tp.rank, (tp.rank + 1) % w, (tp.rank - 1) % w
+    word = torch.empty(1, dtype=torch.uint8, device=tp.device)
 
     def phase(i: int) -> int:  # of hop i -> i + 1
         return 2 if w % 2 and i == w - 1 else i % 2
@@ -157,14 +159,22 @@ def measure_one_way(tp: Transport, deadline: Deadline, all_gpu: bool):
     for ph in range(3 if w % 2 else 2):
         if ph not in (phase(me), phase(prv)):
             continue  # no hop of this rank's: its peers' transfers pair among themselves
-
-        def hop(size, ph=ph):
-            a = torch.empty(size, dtype=torch.uint8, device=tp.device)
-            b = torch.empty(size, dtype=torch.uint8, device=tp.device)
-            ops = ([(SEND, a, nxt)] if phase(me) == ph else []) + ([(RECV, b, prv)] if phase(prv) == ph else [])
-            return lambda: tp.wait(tp.post(ops), deadline)
-
-        alpha, beta = _alpha_beta(hop, small, big, tp.device)
+        sending = phase(me) == ph  # else receiving from prv (one op a phase: the two phases differ)
+        times = {}
+        for size in (small, big):
+            buf = torch.empty(size, dtype=torch.uint8, device=tp.device)
+            move = [(SEND, buf, nxt)] if sending else [(RECV, buf, prv)]
+            answer = [(RECV, word, nxt)] if sending else [(SEND, word, prv)]
+            best = float("inf")
+            for _ in range(3):
+                _sync(tp.device)
+                t0 = time.perf_counter()
+                tp.wait(tp.post(move), deadline)
+                _sync(tp.device)
+                best = min(best, time.perf_counter() - t0)
+                tp.wait(tp.post(answer), deadline)
+            times[size] = best
+        alpha, beta = _fit(times, small, big)
         out = (max(out[0], alpha), max(out[1], beta))
     return out
 
@@ -222,9 +232,11 @@ def measure_codec(dtype: torch.dtype, device: torch.device, max_sms: int = 0):
 
 def _alpha_beta(make_run, small: int, big: int, device: torch.device):
     """(alpha, beta) fitted to the best of 3 timed runs of make_run(size)() at two sizes."""
-    times = {}
-    for size in (small, big):
-        times[size] = _best_of(make_run(size), 3, device)
+    return _fit({size: _best_of(make_run(size), 3, device) for size in (small, big)}, small, big)
+
+
+def _fit(times: dict, small: int, big: int):
+    """(alpha, beta) through the times at two sizes (beta > 0, alpha >= 0)."""
     beta = max((times[big] - times[small]) / (big - small), 1e-13)
     return max(times[small] - small * beta, 0.0), beta
 

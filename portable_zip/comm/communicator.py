@@ -182,8 +182,8 @@ class Communicator:
         return link > 1.0 and self.policy.send_pays(t.dtype, t.nbytes, link, self._p2p.backlog(peer), slow)
 
     def _sent(self, peer: int, t: torch.Tensor, coded: bool, seconds: float, took: float = 0.0) -> None:
-        """A message peer has landed, its payloads having taken seconds to arrive there and the send
-        thread took seconds (PointToPoint's report), under auto."""
+        """A message peer has landed, its payloads having taken seconds to arrive there, the whole of it
+        took seconds less any wait for the receiver (PointToPoint's report), under auto."""
         if self.policy.cal is None:
             return
         if coded:

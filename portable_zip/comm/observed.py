@@ -13,13 +13,14 @@ much slower, for raw and compressed alike. Each compressed message to that
 peer moves the factor a step back toward 1, so a link that frees up is
 tried raw again, and re-measured.
 
-The time the sender's thread spends on a compressed message (its codec,
-host staging, its posts until they complete) over the compressed
-prediction is one observation of how the model misjudges compressing to
-that peer (CodedSeen): staging where the fabric has no GPU memory
-registration, a codec sharing the GPU, read-backs the constants leave out.
-The sender's own time holds no ACK round trip, no receive posted late and
-no wait behind the peer's own messages."""
+A compressed message's whole time less any wait for the receiver (the
+sender's lead to its first post, then the receiver's own time from reading
+that first frame to landing the message, which its ACK carries) over the
+compressed prediction is one observation of how the model misjudges
+compressing to that peer (CodedSeen): staging where the fabric has no GPU
+memory registration, a codec sharing the GPU, read-backs the constants
+leave out. A receive posted late, a message staged, the ACK's way back and
+the peer's own traffic are not in it."""
 from __future__ import annotations
 
 import statistics

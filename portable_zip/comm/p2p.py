@@ -52,6 +52,7 @@ OK, BAD_DTYPE_OR_SIZE, CORRUPT, BAD_COUNT, BAD_VERSION = 0, 1, 2, 3, 4
 W_MAGIC, W_VERSION, W_KIND, W_SEQ, W_TAG, W_DTYPE, W_NUMEL, W_PLAN, W_AT, W_N, W_BYTES, W_GROUP, W_STATUS, \
     W_THEIR_DTYPE, W_THEIR_NUMEL, W_LAST = range(FRAME_WORDS)
 W_ARRIVAL = W_AT  # ACK: microseconds the message's payloads took to arrive (what the sender learns of the link)
+W_OWN = W_BYTES   # ACK: microseconds the receiver spent on it, its first frame read to landed (0: staged, or not timed)
 
 
 @dataclass(eq=False)  # by identity: ops sit in sets
@@ -66,7 +67,7 @@ class _Op:
     stream: Optional[object] = None  # the caller's CUDA stream
     seq: int = -1
     t0: float = field(default_factory=time.perf_counter)
-    busy: float = 0.0                # sends: seconds the send thread spent on it (0: not yet done)
+    lead: float = 0.0                # sends: seconds from the send thread taking it up to its first post
     wire: int = 0
     plan: str = "raw"
     sms: Optional[int] = None        # the SM budget of its codec launches (None: every SM)
@@ -111,8 +112,9 @@ class PointToPoint:
     compresses(t, peer): the sender's plan for t (the mode, and under auto the policy).
     timeout: seconds an op may take. piece_bytes: PZ_PIECE_BYTES (0: the default cut).
     sent(peer, t, coded, seconds, took): told of each message the peer has landed, with the seconds its
-    payloads took to arrive there (the receiver's figure, in its ACK; 0 where it sent none) and the
-    seconds the send thread spent on it, taking it up to its last post completing (0: not known)."""
+    payloads took to arrive there (the receiver's figure, in its ACK; 0 where it sent none) and its
+    whole time less any wait for the receiver (the lead to its first post, plus the receiver's own time
+    from reading its first frame to landing it, from the ACK; 0 where the receiver did not time it)."""
 
     def __init__(self, tps: tuple, compresses: Callable[[torch.Tensor, int], bool], timeout: float,
                  piece_bytes: int = 0, max_sms: Optional[int] = None,
@@ -300,7 +302,7 @@ class _Peer:
 
     def _send(self, op: _Op) -> None:
         o, t = self.o, op.t
-        started = time.perf_counter()
+        started = time.perf_counter()  # (lead: set before its first frame leaves, so before any ACK of it)
         with torch.cuda.stream(op.stream) if op.stream is not None else contextlib.nullcontext():
             coded = o.coded(t, self.peer)
             op.plan = "compressed" if coded else "raw"
@@ -317,14 +319,14 @@ class _Peer:
                 frame = _frame(DATA, op.seq, op.tag, code_of(t.dtype), t.numel(), CODED_PLAN if coded else RAW,
                                at, piece.numel(), payload.numel(), op.group, last=i == len(starts) - 1)
                 op.wire += payload.numel()  # before it leaves: the ACK (and the stats) may come at once
-                nxt = self._out([frame, self._on_wire(payload)])
+                wire = self._on_wire(payload)
+                if i == 0:
+                    op.lead = time.perf_counter() - started
+                nxt = self._out([frame, wire])
                 if pending is not None:
                     self.out_tp.wait(pending, op.deadline)
                 pending = nxt
             self.out_tp.wait(pending, op.deadline)
-        # The sender's own time for it (codec, staging, posts until they complete): no ACK's round trip, no
-        # late receive, no wait behind the peer's own messages. Set before its ACK is read, as a rule.
-        op.busy = time.perf_counter() - started
 
     def _encode(self, piece: torch.Tensor, sms: Optional[int]) -> torch.Tensor:
         buf = codec.compress(piece, max_sms=sms, trim=False)
@@ -345,7 +347,7 @@ class _Peer:
             return self.out_tp.post([(SEND, t, self.peer) for t in ts if t.numel()])
 
     def _ack(self, seq: int, status: int, mine: Optional[_Op] = None, deadline: Optional[Deadline] = None,
-             then: Optional[Callable[[], None]] = None, arrival: float = 0.0):
+             then: Optional[Callable[[], None]] = None, arrival: float = 0.0, own: float = 0.0):
         """Queue an ACK ahead of the data to send: the send thread waits for it, never the read thread
         (gloo's send completes once the peer reads it, and the peer's read thread may be acking too).
         then runs once the peer has it: a receive completes only when its sender has heard, so a rank
@@ -353,6 +355,7 @@ class _Peer:
         code, numel = (code_of(mine.t.dtype), mine.t.numel()) if mine is not None and mine.t is not None else (0, 0)
         frame = _frame(ACK, seq, 0, 0, 0, 0, 0, 0, 0, 0, status=status, their=(code, numel))
         frame[W_ARRIVAL] = min(int(arrival * 1e6), 1 << 40)
+        frame[W_OWN] = min(int(own * 1e6), 1 << 40)
         with self.cv:
             self.sends.appendleft(_Ack(frame, deadline or Deadline(self.o.timeout), then, mine))
             self.landing.discard(mine)
@@ -407,10 +410,13 @@ class _Peer:
             raise PeerError(f"pz p2p: rank {self.peer} acknowledged message {f[W_SEQ]}, which was never sent")
         status = f[W_STATUS]
         if status == OK:
-            self.o.stats.record("send", op.plan, op.t0, op.t.nbytes, op.wire)
             try:
+                self.o.stats.record("send", op.plan, op.t0, op.t.nbytes, op.wire)
                 if self.o.sent is not None:
-                    self.o.sent(self.peer, op.t, op.plan == "compressed", f[W_ARRIVAL] * 1e-6, op.busy)
+                    # Its whole time, less any wait for the receiver: the lead to its first post, then the
+                    # receiver's own time from reading that first frame to landing the message.
+                    took = op.lead + f[W_OWN] * 1e-6 if f[W_OWN] > 0 else 0.0
+                    self.o.sent(self.peer, op.t, op.plan == "compressed", f[W_ARRIVAL] * 1e-6, took)
             finally:  # the send is done whatever its judgement does
                 op.fut.set_result(None)
             return
@@ -436,7 +442,7 @@ class _Peer:
         """A DATA frame that starts a message: match it to the oldest receive of its tag, or stage it."""
         if f[W_AT] != 0:
             raise PeerError(f"pz p2p: rank {self.peer} sent a message piece at element {f[W_AT]} with no start")
-        self.arrival = 0.0
+        self.arrival, first = 0.0, time.perf_counter()
         with self.cv:
             # Behind staged messages of its tag it waits its turn: they are older.
             op = None if self.staged.get(f[W_TAG]) else next((r for r in self.recvs if r.tag == f[W_TAG]), None)
@@ -458,7 +464,7 @@ class _Peer:
         except _BadStream as e:
             self._refuse(op, f, CORRUPT, PeerError(str(e)))
             return
-        self._done(op, f, self.arrival)
+        self._done(op, f, self.arrival, time.perf_counter() - first)
 
     def _mismatch(self, f: list, op: _Op):
         """Why op cannot take message f, as (status, error); None where it can (a receive of announced
@@ -491,13 +497,13 @@ class _Peer:
                 self._end(err)
         self._ack(f[W_SEQ], status, op, op.deadline, then)
 
-    def _done(self, op: _Op, f: list, arrival: float) -> None:
+    def _done(self, op: _Op, f: list, arrival: float, own: float = 0.0) -> None:
         plan = "compressed" if f[W_PLAN] == CODED_PLAN else "raw"
 
         def then():
             self.o.stats.record("recv", plan, op.t0, 0, 0)
             _settle(op.fut, None, op.t if op.new is not None else None)
-        self._ack(f[W_SEQ], OK, op, op.deadline, then, arrival)
+        self._ack(f[W_SEQ], OK, op, op.deadline, then, arrival, own)
 
     def _take(self, f: list, deadline: Deadline, into: Optional[_Op]):
         """Read a message's pieces from the wire: into op's tensor, or (None) into staging buffers. A piece
