@@ -8,7 +8,7 @@ import dataclasses
 import time
 import weakref
 import zlib
-from typing import Callable, List
+from typing import Callable, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -160,20 +160,13 @@ def measure_one_way(tp: Transport, deadline: Deadline, all_gpu: bool):
         if ph not in (phase(me), phase(prv)):
             continue  # no hop of this rank's: its peers' transfers pair among themselves
         sending = phase(me) == ph  # else receiving from prv (one op a phase: the two phases differ)
+        answer = [(RECV, word, nxt)] if sending else [(SEND, word, prv)]
         times = {}
         for size in (small, big):
             buf = torch.empty(size, dtype=torch.uint8, device=tp.device)
             move = [(SEND, buf, nxt)] if sending else [(RECV, buf, prv)]
-            answer = [(RECV, word, nxt)] if sending else [(SEND, word, prv)]
-            best = float("inf")
-            for _ in range(3):
-                _sync(tp.device)
-                t0 = time.perf_counter()
-                tp.wait(tp.post(move), deadline)
-                _sync(tp.device)
-                best = min(best, time.perf_counter() - t0)
-                tp.wait(tp.post(answer), deadline)
-            times[size] = best
+            times[size] = _best_of(lambda: tp.wait(tp.post(move), deadline), 3, tp.device,
+                                   between=lambda: tp.wait(tp.post(answer), deadline))
         alpha, beta = _fit(times, small, big)
         out = (max(out[0], alpha), max(out[1], beta))
     return out
@@ -241,8 +234,10 @@ def _fit(times: dict, small: int, big: int):
     return max(times[small] - small * beta, 0.0), beta
 
 
-def _best_of(run: Callable[[], None], reps: int, device: torch.device) -> float:
-    """The least seconds of reps timed calls of run(), the device drained around each."""
+def _best_of(run: Callable[[], None], reps: int, device: torch.device,
+             between: Optional[Callable[[], None]] = None) -> float:
+    """The least seconds of reps timed calls of run(), the device drained around each; between(),
+    if given, runs untimed after each."""
     best = float("inf")
     for _ in range(reps):
         _sync(device)
@@ -250,6 +245,8 @@ def _best_of(run: Callable[[], None], reps: int, device: torch.device) -> float:
         run()
         _sync(device)
         best = min(best, time.perf_counter() - t0)
+        if between is not None:
+            between()
     return best
 
 

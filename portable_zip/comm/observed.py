@@ -35,10 +35,10 @@ class _Seen:
     back, of the factor and of the observations kept (so the next one is
     weighed against aged ones, not the stale run)."""
     SNAP = 0.03
-    RANGE = (1.0, 64.0)
+    RANGE = (1.0, 64.0)  # slower than predicted, never faster: the prediction is the optimistic bound
     WEIGHT = 0.5         # of each new target
-    RUN = 5
-    DECAY = 0.95
+    RUN: int             # observations the target is the median of
+    DECAY: float         # of the excess over 1, per age()
     MIN_BYTES = 1 << 20  # below this a message's time is mostly latency and host work, not the link
 
     def __init__(self):
@@ -72,7 +72,8 @@ class _Seen:
 
 
 class LinkSeen(_Seen):
-    RANGE = (1.0, 64.0)  # slower than calibrated (shared by many flows), never faster: calibration is the optimistic bound
+    """How much slower than calibrated each peer's link ran (shared by many flows, busier than at
+    construction), from its raw messages' arrival."""
     RUN = 5              # observations the target is the median of: two stalls (GC pauses) move nothing
     DECAY = 0.95         # of the excess over 1, per compressed message: a freed link is re-measured within ~15
 
@@ -94,8 +95,7 @@ class CodedSeen(_Seen):
     """How much slower than predicted a sender's compressed messages to each
     peer have run, per dtype and size class (powers of two: fixed costs weigh
     on small messages, not on large ones). Only a plan slower than predicted is
-    re-judged, as with the collectives' slowdown: a late receiver inflates an
-    observation, and can only turn messages raw. Each raw message of a class
+    re-judged, as with the collectives' slowdown. Each raw message of a class
     takes a step of its excess back, so compression is tried again, and
     re-measured, once raw has run a while."""
     RUN = 3              # observations the target is the median of: one stall moves nothing
