@@ -287,6 +287,33 @@ for threads in (1, 2):
     assert p.stdout.count("raised: delta encode: out of memory") == 2, p.stdout
 
 
+def test_running_out_of_memory_at_any_point_raises():
+    """Wherever memory runs out (starting threads, their thread-local storage,
+    the coded blocks, the stream), at any thread count, the call raises or
+    succeeds: glibc's abort for thread-local data and std::terminate for a
+    thread that could not start are both exits this must never take."""
+    code = """
+import resource, torch, portable_zip as pz
+g = torch.Generator().manual_seed(2)
+b, t = (torch.randint(-2**31, 2**31 - 1, (1 << 24,), dtype=torch.int32, generator=g).view(torch.float32)
+        for _ in range(2))
+vm = int(open('/proc/self/status').read().split('VmSize:')[1].split()[0]) << 10
+for head in (0, 5, 10, 20, 30, 45, 70, 90, 110, 130):
+    resource.setrlimit(resource.RLIMIT_AS, (vm + (head << 20), resource.RLIM_INFINITY))
+    for threads in (1, 2, 3, 8):
+        try:
+            pz.delta.encode(b, t, threads=threads)
+            print('encoded')
+        except RuntimeError as e:
+            print('raised:', e)
+"""
+    p = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    lines = p.stdout.splitlines()
+    assert len(lines) == 40 and all(x == "encoded" or x.startswith("raised: delta encode: ") for x in lines), p.stdout
+    assert sum(x.startswith("raised: delta encode: out of memory") for x in lines) >= 20, p.stdout
+
+
 GOLDEN_CASES = sorted(p.stem for p in GOLDEN.glob("*.pzd"))
 
 

@@ -16,10 +16,13 @@
 // rows interleaved (decode_pair) for twice the independent lane chains.
 #pragma once
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <algorithm>
 #include <atomic>
+#include <exception>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -467,16 +470,18 @@ void join_symbols(const uint8_t* stream, const fmt::Header& h, const fmt::Layout
       FloatTraits<D>::join(out, first + i, h.numel, syms[i], raw8[i], raw16_at(stream, l, fmt::has_plane16(D), first + i));
 }
 
-// A v3 block's symbols, between its rows and its join.
-inline uint8_t* block_syms(int which) {
-  static thread_local uint8_t syms[2][1u << fmt::kMaxBlockLog2];
-  return syms[which];
-}
+// Two v3 blocks' symbols, between their rows and their join: on each
+// decoding thread's stack (thread-local storage here would be allocated on a
+// thread's first use, and glibc aborts when that allocation fails).
+struct BlockSyms {
+  alignas(64) uint8_t syms[2][1u << fmt::kMaxBlockLog2];
+};
 
 // Decodes block b's symbols. Returns DecodeError bits (0 = ok). Never touches
 // memory outside the validated stream or the numel-element output.
 template <fmt::DType D>
-uint32_t decode_symbols(const uint8_t* stream, const fmt::Header& h, const fmt::Layout& l, uint64_t b, uint8_t* out) {
+uint32_t decode_symbols(const uint8_t* stream, const fmt::Header& h, const fmt::Layout& l, uint64_t b, uint8_t* out,
+                        BlockSyms& scratch) {
   using T = FloatTraits<D>;
   const bool plane16 = fmt::has_plane16(D);
   uint64_t sb, se;
@@ -498,7 +503,7 @@ uint32_t decode_symbols(const uint8_t* stream, const fmt::Header& h, const fmt::
   RansSegment r;
   if (const uint32_t e = open_rans(seg, seglen, h, n, &r)) return e;
   if (h.version >= fmt::kContigVersion) {
-    uint8_t* syms = block_syms(0);
+    uint8_t* syms = scratch.syms[0];
     if (!rans_decode_rows(stream, l, r, n, syms)) return kErrStream;
     join_symbols<D>(stream, h, l, first, n, syms, out);
   } else {  // v1/v2: symbol j of the block on lane j mod 32 at step j div 32
@@ -537,8 +542,9 @@ uint32_t check_block(const uint8_t* stream, const fmt::Header& h, const fmt::Lay
 
 // Decodes block b and (v2) checks its output against its checksum.
 template <fmt::DType D>
-uint32_t decode_block(const uint8_t* stream, const fmt::Header& h, const fmt::Layout& l, uint64_t b, uint8_t* out) {
-  if (const uint32_t e = decode_symbols<D>(stream, h, l, b, out)) return e;
+uint32_t decode_block(const uint8_t* stream, const fmt::Header& h, const fmt::Layout& l, uint64_t b, uint8_t* out,
+                      BlockSyms& scratch) {
+  if (const uint32_t e = decode_symbols<D>(stream, h, l, b, out, scratch)) return e;
   return check_block<D>(stream, h, l, b, out);
 }
 
@@ -550,7 +556,7 @@ uint32_t decode_block(const uint8_t* stream, const fmt::Header& h, const fmt::La
 // written before b is decoded and checked.
 template <fmt::DType D>
 uint32_t decode_pair(const uint8_t* stream, const fmt::Header& h, const fmt::Layout& l, uint64_t b, uint8_t* out,
-                     int* done) {
+                     BlockSyms& scratch, int* done) {
   *done = 0;
 #if defined(PZ_HOST_AVX2)
   // Wide (64-lane) blocks carry eight lane vectors of chains on their own.
@@ -569,7 +575,7 @@ uint32_t decode_pair(const uint8_t* stream, const fmt::Header& h, const fmt::Lay
   for (int i = 0; i < 2; ++i) err[i] = open_rans(stream + l.coded_begin + sb[i], se[i] - sb[i], h, n[i], &r[i]);
   *done = 1;
   if (err[0]) return err[0];
-  uint8_t* syms[2] = {block_syms(0), block_syms(1)};
+  uint8_t* syms[2] = {scratch.syms[0], scratch.syms[1]};
   simd::RowStream st[2] = {row_stream(r[0], stream, l), row_stream(r[1], stream, l)};
   uint32_t row[2] = {n[0] / fmt::kRowSymbols, n[1] / fmt::kRowSymbols};
   while (row[0] && row[1] && !err[1]) {
@@ -602,7 +608,7 @@ uint32_t decode_pair(const uint8_t* stream, const fmt::Header& h, const fmt::Lay
   if (const uint32_t e = close_rans(r[1])) return e;
   return check_block<D>(stream, h, l, b + 1, out);
 #else
-  (void)stream, (void)h, (void)l, (void)b, (void)out;
+  (void)stream, (void)h, (void)l, (void)b, (void)out, (void)scratch;
   return 0;
 #endif
 }
@@ -614,6 +620,31 @@ inline int thread_count(uint64_t count, int threads) {
   return static_cast<int>(std::max<uint64_t>(1, std::min<uint64_t>(count, static_cast<uint64_t>(std::max(1, threads)))));
 }
 
+// A thread's lazily allocated thread-local storage, taken before its work
+// allocates: glibc aborts the process when that allocation fails. This
+// module's block (it holds the statically linked libstdc++'s exception
+// globals, which a throw touches) comes with any of its variables, this one;
+// uncaught_exceptions takes a shared libstdc++'s, where calls resolve to it.
+// A thread first proves that a few KiB are there (serialized, so that no
+// other starting thread takes them first) and returns false, leaving its run
+// to the caller, if not.
+inline thread_local volatile char tls_anchor;
+inline bool touch_thread_locals() {
+  static std::mutex one_at_a_time;
+  std::lock_guard<std::mutex> lock(one_at_a_time);
+  void* probe = malloc(16 << 10);
+  if (!probe) return false;
+  free(probe);
+  tls_anchor = 1;
+  static_cast<void>(std::uncaught_exceptions());
+  return true;
+}
+
+// Runs f over the runs on up to `threads` threads. Every thread takes its
+// thread-local storage before any run starts allocating; a run whose thread
+// cannot be started, or finds no memory for that storage, falls to the
+// caller; an exception from any run is rethrown here after every thread has
+// joined. None of these may terminate the process.
 template <class F>
 void parallel_for(uint64_t count, int threads, F&& f) {
   threads = thread_count(count, threads);
@@ -621,13 +652,39 @@ void parallel_for(uint64_t count, int threads, F&& f) {
     f(0, 0, count);
     return;
   }
-  std::vector<std::thread> pool;
   const uint64_t chunk = (count + threads - 1) / threads;
-  for (int t = 0; t < threads; ++t) {
+  std::vector<std::exception_ptr> errors(threads);
+  std::vector<char> orphan(threads, 1);  // run t is the caller's
+  auto run = [&](int t) {
     const uint64_t lo = std::min(count, t * chunk), hi = std::min(count, lo + chunk);
-    pool.emplace_back([&, t, lo, hi] { f(t, lo, hi); });
+    try {
+      f(t, lo, hi);
+    } catch (...) {
+      errors[t] = std::current_exception();
+    }
+  };
+  std::atomic<int> ready{0};
+  std::atomic<bool> go{false};
+  std::vector<std::thread> pool;
+  int started = 1;
+  try {
+    pool.reserve(threads - 1);
+    for (; started < threads; ++started)
+      pool.emplace_back([&, t = started] {
+        orphan[t] = !touch_thread_locals();
+        ready.fetch_add(1);
+        while (!go.load()) std::this_thread::yield();
+        if (!orphan[t]) run(t);
+      });
+  } catch (const std::exception&) {  // no thread or memory to spare
   }
+  while (ready.load() < started - 1) std::this_thread::yield();
+  go = true;
+  for (int t = 0; t < threads; ++t)
+    if (orphan[t]) run(t);
   for (auto& th : pool) th.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
 }
 
 // Compresses into out (capacity >= fmt::max_stream_bytes(h)); returns total
@@ -718,11 +775,12 @@ inline uint32_t decompress(const uint8_t* in, const fmt::Header& h, uint8_t* out
     return err.load();
   }
   parallel_for(l.nblocks, threads, [&](int, uint64_t lo, uint64_t hi) {
+    BlockSyms scratch;
     for (uint64_t b = lo; b < hi;) {
       int done = 0;
       const int e = PZ_DISPATCH_CODED_DTYPE(h.dtype, D, [&] {
-        const uint32_t pair = b + 1 < hi ? decode_pair<D>(in, h, l, b, out, &done) : 0;
-        return static_cast<int>(done ? pair : (done = 1, decode_block<D>(in, h, l, b, out)));
+        const uint32_t pair = b + 1 < hi ? decode_pair<D>(in, h, l, b, out, scratch, &done) : 0;
+        return static_cast<int>(done ? pair : (done = 1, decode_block<D>(in, h, l, b, out, scratch)));
       });
       if (e) {
         err.fetch_or(static_cast<uint32_t>(e));
