@@ -265,42 +265,18 @@ def test_bad_arguments():
         pz.delta.inspect(pz.compress(x))
 
 
-def test_out_of_memory_raises():
-    """Memory running out while blocks are coded (on the caller's thread or a
-    worker) is an error of the call, never an abort of the process."""
-    code = """
+def _encode_out_of_memory(heads, threads, seed):
+    """Runs delta.encode on 64 MiB of random fp32 in a child under RLIMIT_AS,
+    `heads` MiB over its size, at each thread count; returns its lines."""
+    code = f"""
 import resource, torch, portable_zip as pz
-g = torch.Generator().manual_seed(1)
+g = torch.Generator().manual_seed({seed})
 b, t = (torch.randint(-2**31, 2**31 - 1, (1 << 24,), dtype=torch.int32, generator=g).view(torch.float32)
         for _ in range(2))
 vm = int(open('/proc/self/status').read().split('VmSize:')[1].split()[0]) << 10
-resource.setrlimit(resource.RLIMIT_AS, (vm + (60 << 20), resource.RLIM_INFINITY))  # random fp32: a ~67 MB stream
-for threads in (1, 2):
-    try:
-        pz.delta.encode(b, t, threads=threads)
-        print('encoded')
-    except RuntimeError as e:
-        print('raised:', e)
-"""
-    p = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, timeout=120)
-    assert p.returncode == 0, p.stderr[-3000:]
-    assert p.stdout.count("raised: delta encode: out of memory") == 2, p.stdout
-
-
-def test_running_out_of_memory_at_any_point_raises():
-    """Wherever memory runs out (starting threads, their thread-local storage,
-    the coded blocks, the stream), at any thread count, the call raises or
-    succeeds: glibc's abort for thread-local data and std::terminate for a
-    thread that could not start are both exits this must never take."""
-    code = """
-import resource, torch, portable_zip as pz
-g = torch.Generator().manual_seed(2)
-b, t = (torch.randint(-2**31, 2**31 - 1, (1 << 24,), dtype=torch.int32, generator=g).view(torch.float32)
-        for _ in range(2))
-vm = int(open('/proc/self/status').read().split('VmSize:')[1].split()[0]) << 10
-for head in (0, 5, 10, 20, 30, 45, 70, 90, 110, 130):
+for head in {tuple(heads)!r}:
     resource.setrlimit(resource.RLIMIT_AS, (vm + (head << 20), resource.RLIM_INFINITY))
-    for threads in (1, 2, 3, 8):
+    for threads in {tuple(threads)!r}:
         try:
             pz.delta.encode(b, t, threads=threads)
             print('encoded')
@@ -309,9 +285,24 @@ for head in (0, 5, 10, 20, 30, 45, 70, 90, 110, 130):
 """
     p = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
-    lines = p.stdout.splitlines()
-    assert len(lines) == 40 and all(x == "encoded" or x.startswith("raised: delta encode: ") for x in lines), p.stdout
-    assert sum(x.startswith("raised: delta encode: out of memory") for x in lines) >= 20, p.stdout
+    return p.stdout
+
+
+def test_out_of_memory_raises():
+    """Memory running out while blocks are coded (on the caller's thread or a
+    worker) is an error of the call, never an abort of the process."""
+    out = _encode_out_of_memory((60,), (1, 2), seed=1)  # random fp32: a ~67 MB stream
+    assert out.count("raised: delta encode: out of memory") == 2, out
+
+
+def test_running_out_of_memory_at_any_point_raises():
+    """Wherever memory runs out (starting threads, their thread-local storage,
+    the coded blocks, the stream), at any thread count, the call raises or
+    succeeds: glibc's abort for thread-local data and std::terminate for a
+    thread that could not start are both exits this must never take."""
+    lines = _encode_out_of_memory((0, 5, 10, 20, 30, 45, 70, 90, 110, 130), (1, 2, 3, 8), seed=2).splitlines()
+    assert len(lines) == 40 and all(x == "encoded" or x.startswith("raised: delta encode: ") for x in lines), lines
+    assert sum(x.startswith("raised: delta encode: out of memory") for x in lines) >= 20, lines
 
 
 GOLDEN_CASES = sorted(p.stem for p in GOLDEN.glob("*.pzd"))
