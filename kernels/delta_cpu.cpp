@@ -181,14 +181,19 @@ uint8_t* encode(const T* base, const T* target, fmt::DType d, uint64_t numel, in
     return nullptr;
   }
   for (uint64_t k = 0; k < nb; ++k) delta::put_entry(out + delta::kHeaderBytes + delta::kEntryBytes * k, entries[k]);
-  cpu::parallel_for(nt, threads, [&](int, uint64_t lo, uint64_t hi) {
-    for (uint64_t t = lo; t < hi; ++t)
-      if (!parts[t].empty()) memcpy(out + at[t], parts[t].data(), parts[t].size());
-  });
-  const uint64_t nbytes = numel * sizeof(T);
-  h.base_sum = checksum(reinterpret_cast<const uint8_t*>(base), nbytes, threads);
-  h.target_sum = checksum(reinterpret_cast<const uint8_t*>(target), nbytes, threads);
-  h.body_sum = delta::body_checksum(checksum(out + delta::kHeaderBytes, h.total_bytes - delta::kHeaderBytes, threads));
+  try {  // parallel_for's own allocations may throw: the stream must not leak
+    cpu::parallel_for(nt, threads, [&](int, uint64_t lo, uint64_t hi) {
+      for (uint64_t t = lo; t < hi; ++t)
+        if (!parts[t].empty()) memcpy(out + at[t], parts[t].data(), parts[t].size());
+    });
+    const uint64_t nbytes = numel * sizeof(T);
+    h.base_sum = checksum(reinterpret_cast<const uint8_t*>(base), nbytes, threads);
+    h.target_sum = checksum(reinterpret_cast<const uint8_t*>(target), nbytes, threads);
+    h.body_sum = delta::body_checksum(checksum(out + delta::kHeaderBytes, h.total_bytes - delta::kHeaderBytes, threads));
+  } catch (...) {
+    free(out);
+    throw;
+  }
   delta::write_header(h, out);
   *total = h.total_bytes;
   return out;
@@ -246,14 +251,19 @@ uint64_t cpu_delta_checksum(const uint8_t* p, uint64_t nbytes, int threads) { re
 
 uint8_t* cpu_delta_encode(const uint8_t* base, const uint8_t* target, fmt::DType d, uint64_t numel, int threads,
                           uint64_t* total) {
-  switch (delta::width_bits(d)) {
-    case 8: return encode(base, target, d, numel, threads, total);
-    case 16:
-      return encode(reinterpret_cast<const uint16_t*>(base), reinterpret_cast<const uint16_t*>(target), d, numel,
-                    threads, total);
-    case 32:
-      return encode(reinterpret_cast<const uint32_t*>(base), reinterpret_cast<const uint32_t*>(target), d, numel,
-                    threads, total);
+  try {  // memory running out anywhere (the tables, the threads' own) is this call's one error
+    switch (delta::width_bits(d)) {
+      case 8: return encode(base, target, d, numel, threads, total);
+      case 16:
+        return encode(reinterpret_cast<const uint16_t*>(base), reinterpret_cast<const uint16_t*>(target), d, numel,
+                      threads, total);
+      case 32:
+        return encode(reinterpret_cast<const uint32_t*>(base), reinterpret_cast<const uint32_t*>(target), d, numel,
+                      threads, total);
+    }
+  } catch (const std::bad_alloc&) {
+    set_last_error("delta encode: out of memory", std::to_string(numel).c_str());
+    return nullptr;
   }
   set_last_error("delta encode: dtype is not one deltas code", "");
   return nullptr;

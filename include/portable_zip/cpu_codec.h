@@ -470,11 +470,11 @@ void join_symbols(const uint8_t* stream, const fmt::Header& h, const fmt::Layout
       FloatTraits<D>::join(out, first + i, h.numel, syms[i], raw8[i], raw16_at(stream, l, fmt::has_plane16(D), first + i));
 }
 
-// Two v3 blocks' symbols, between their rows and their join: on each
-// decoding thread's stack (thread-local storage here would be allocated on a
+// Two v3 blocks' symbols, between their rows and their join: each decoding
+// run's own buffer (thread-local storage here would be allocated on a
 // thread's first use, and glibc aborts when that allocation fails).
 struct BlockSyms {
-  alignas(64) uint8_t syms[2][1u << fmt::kMaxBlockLog2];
+  uint8_t* syms[2];
 };
 
 // Decodes block b's symbols. Returns DecodeError bits (0 = ok). Never touches
@@ -628,10 +628,15 @@ inline int thread_count(uint64_t count, int threads) {
 // A thread first proves that a few KiB are there (serialized, so that no
 // other starting thread takes them first) and returns false, leaving its run
 // to the caller, if not.
+// The caller holds the same lock while it starts threads, so their probes
+// do not race its stack mappings.
 inline thread_local volatile char tls_anchor;
-inline bool touch_thread_locals() {
+inline std::mutex& tls_mutex() {
   static std::mutex one_at_a_time;
-  std::lock_guard<std::mutex> lock(one_at_a_time);
+  return one_at_a_time;
+}
+inline bool touch_thread_locals() {
+  std::lock_guard<std::mutex> lock(tls_mutex());
   void* probe = malloc(16 << 10);
   if (!probe) return false;
   free(probe);
@@ -648,6 +653,7 @@ inline bool touch_thread_locals() {
 template <class F>
 void parallel_for(uint64_t count, int threads, F&& f) {
   threads = thread_count(count, threads);
+  touch_thread_locals();  // the caller throws too (a thread that cannot start, a run's error)
   if (threads == 1) {
     f(0, 0, count);
     return;
@@ -669,6 +675,7 @@ void parallel_for(uint64_t count, int threads, F&& f) {
   int started = 1;
   try {
     pool.reserve(threads - 1);
+    std::lock_guard<std::mutex> lock(tls_mutex());
     for (; started < threads; ++started)
       pool.emplace_back([&, t = started] {
         orphan[t] = !touch_thread_locals();
@@ -775,7 +782,8 @@ inline uint32_t decompress(const uint8_t* in, const fmt::Header& h, uint8_t* out
     return err.load();
   }
   parallel_for(l.nblocks, threads, [&](int, uint64_t lo, uint64_t hi) {
-    BlockSyms scratch;
+    std::vector<uint8_t> buf(2ull << h.block_log2);
+    BlockSyms scratch{{buf.data(), buf.data() + (1ull << h.block_log2)}};
     for (uint64_t b = lo; b < hi;) {
       int done = 0;
       const int e = PZ_DISPATCH_CODED_DTYPE(h.dtype, D, [&] {
