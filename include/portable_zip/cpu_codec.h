@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <exception>
 #include <mutex>
 #include <thread>
@@ -625,18 +626,21 @@ inline int thread_count(uint64_t count, int threads) {
 // module's block (it holds the statically linked libstdc++'s exception
 // globals, which a throw touches) comes with any of its variables, this one;
 // uncaught_exceptions takes a shared libstdc++'s, where calls resolve to it.
-// A thread first proves that a few KiB are there (serialized, so that no
-// other starting thread takes them first) and returns false, leaving its run
-// to the caller, if not.
-// The caller holds the same lock while it starts threads, so their probes
-// do not race its stack mappings.
+// A thread first proves that a few KiB are there and returns false, leaving
+// its run to the caller, if not. The probes take turns, and the caller holds
+// the same lock while it starts threads, so no other thread takes those KiB
+// first; the lock is only waited for 100 ms (a child forked while another
+// thread held it must not wait forever).
 inline thread_local volatile char tls_anchor;
-inline std::mutex& tls_mutex() {
-  static std::mutex one_at_a_time;
+inline std::timed_mutex& tls_mutex() {
+  static std::timed_mutex one_at_a_time;
   return one_at_a_time;
 }
+inline std::unique_lock<std::timed_mutex> tls_turn() {
+  return std::unique_lock<std::timed_mutex>(tls_mutex(), std::chrono::milliseconds(100));
+}
 inline bool touch_thread_locals() {
-  std::lock_guard<std::mutex> lock(tls_mutex());
+  const auto turn = tls_turn();
   void* probe = malloc(16 << 10);
   if (!probe) return false;
   free(probe);
@@ -675,7 +679,7 @@ void parallel_for(uint64_t count, int threads, F&& f) {
   int started = 1;
   try {
     pool.reserve(threads - 1);
-    std::lock_guard<std::mutex> lock(tls_mutex());
+    const auto turn = tls_turn();
     for (; started < threads; ++started)
       pool.emplace_back([&, t = started] {
         orphan[t] = !touch_thread_locals();
