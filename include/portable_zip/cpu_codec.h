@@ -15,6 +15,7 @@
 // time with AVX2 (PZ_CPU_SIMD=0: the scalar loops here), decoding two blocks'
 // rows interleaved (decode_pair) for twice the independent lane chains.
 #pragma once
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,7 +24,6 @@
 #include <atomic>
 #include <chrono>
 #include <exception>
-#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -628,19 +628,37 @@ inline int thread_count(uint64_t count, int threads) {
 // uncaught_exceptions takes a shared libstdc++'s, where calls resolve to it.
 // A thread first proves that a few KiB are there and returns false, leaving
 // its run to the caller, if not. The probes take turns, and the caller holds
-// the same lock while it starts threads, so no other thread takes those KiB
-// first; the lock is only waited for 100 ms (a child forked while another
-// thread held it must not wait forever).
+// a turn while it starts threads, so no other thread takes those KiB first.
 inline thread_local volatile char tls_anchor;
-inline std::timed_mutex& tls_mutex() {
-  static std::timed_mutex one_at_a_time;
-  return one_at_a_time;
-}
-inline std::unique_lock<std::timed_mutex> tls_turn() {
-  return std::unique_lock<std::timed_mutex>(tls_mutex(), std::chrono::milliseconds(100));
-}
+// A turn is an atomic flag, not a mutex (a timed or try-locked pthread mutex
+// needs glibc 2.30-2.34 symbols, past what manylinux_2_28 wheels may use),
+// waited for at most 100 ms, and a forked child starts with it free.
+struct TlsTurn {
+  bool held = false;
+  TlsTurn() {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+    for (int i = 0; !(held = !flag().exchange(true, std::memory_order_acquire)); ++i) {
+      if (std::chrono::steady_clock::now() >= until) return;
+      if (i < 64)
+        std::this_thread::yield();
+      else
+        std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  }
+  ~TlsTurn() {
+    if (held) flag().store(false, std::memory_order_release);
+  }
+  TlsTurn(const TlsTurn&) = delete;
+  TlsTurn& operator=(const TlsTurn&) = delete;
+  static std::atomic<bool>& flag() {
+    static std::atomic<bool> busy{false};
+    static const int reset_in_child = pthread_atfork(nullptr, nullptr, [] { busy.store(false); });
+    static_cast<void>(reset_in_child);
+    return busy;
+  }
+};
 inline bool touch_thread_locals() {
-  const auto turn = tls_turn();
+  const TlsTurn turn;
   void* probe = malloc(16 << 10);
   if (!probe) return false;
   free(probe);
@@ -679,7 +697,7 @@ void parallel_for(uint64_t count, int threads, F&& f) {
   int started = 1;
   try {
     pool.reserve(threads - 1);
-    const auto turn = tls_turn();
+    const TlsTurn turn;
     for (; started < threads; ++started)
       pool.emplace_back([&, t = started] {
         orphan[t] = !touch_thread_locals();
