@@ -24,6 +24,7 @@
 #include <atomic>
 #include <chrono>
 #include <exception>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -804,8 +805,8 @@ inline uint32_t decompress(const uint8_t* in, const fmt::Header& h, uint8_t* out
     return err.load();
   }
   parallel_for(l.nblocks, threads, [&](int, uint64_t lo, uint64_t hi) {
-    std::vector<uint8_t> buf(2ull << h.block_log2);
-    BlockSyms scratch{{buf.data(), buf.data() + (1ull << h.block_log2)}};
+    const std::unique_ptr<uint8_t[]> buf(new uint8_t[2ull << h.block_log2]);  // not zeroed: rows write what joins read
+    BlockSyms scratch{{buf.get(), buf.get() + (1ull << h.block_log2)}};
     for (uint64_t b = lo; b < hi;) {
       int done = 0;
       const int e = PZ_DISPATCH_CODED_DTYPE(h.dtype, D, [&] {
