@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import queue
 import statistics
 import sys
 import time
@@ -53,6 +54,10 @@ class _Forward(dist.ProcessGroup):
     def __init__(self, inner):
         super().__init__(inner.rank(), inner.size())
         self.inner = inner
+        # torch 2.13 names the single-tensor ops all_gather_single and
+        # reduce_scatter_single; earlier releases _allgather_base and _reduce_scatter_base.
+        self._gather = getattr(inner, "all_gather_single", None) or inner._allgather_base
+        self._scatter = getattr(inner, "reduce_scatter_single", None) or inner._reduce_scatter_base
 
     def name(self):
         return "forward"
@@ -64,10 +69,10 @@ class _Forward(dist.ProcessGroup):
         return self.inner.broadcast(tensors, opts)
 
     def all_gather_single(self, out, inp, opts):
-        return self.inner.all_gather_single(out, inp, opts)
+        return self._gather(out, inp, opts)
 
     def reduce_scatter_single(self, out, inp, opts):
-        return self.inner.reduce_scatter_single(out, inp, opts)
+        return self._scatter(out, inp, opts)
 
     _allgather_base, _reduce_scatter_base = all_gather_single, reduce_scatter_single
 
@@ -136,7 +141,19 @@ def main():
     ps = [ctx.Process(target=_rank, args=(r, 2, port, a.iters, q)) for r in range(2)]
     for p in ps:
         p.start()
-    got = dict(q.get(timeout=600) for _ in ps)
+    got = {}
+    deadline = time.monotonic() + 600
+    while len(got) < len(ps):  # a rank that dies fails the run now, not at the deadline
+        try:
+            r, res = q.get(timeout=1)
+            got[r] = res
+        except queue.Empty:
+            dead = [i for i, p in enumerate(ps) if p.exitcode not in (None, 0)]
+            if dead or time.monotonic() > deadline:
+                for p in ps:
+                    p.kill()
+                sys.exit(f"backend_overhead: rank {dead[0]} exited {ps[dead[0]].exitcode}" if dead
+                         else "backend_overhead: no result within 600 s")
     for p in ps:
         p.join(60)
     rows = {op: {"gloo_us": max(got[r][op]["gloo_us"] for r in got), "pz_us": max(got[r][op]["pz_us"] for r in got),
