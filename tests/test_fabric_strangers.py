@@ -50,8 +50,8 @@ def _engine(rank, world, secret, same_host=True, iface="", rails=2, chunk=2 << 2
 
 
 def _parse_address(a: bytes):
-    """An engine's address(): 'PZF1', provider (32 bytes), rails, chunk, depth, name length, the rails' names."""
-    assert a[:4] == b"PZF1", a[:4]
+    """An engine's address(): 'PZF2', provider (32 bytes), rails, chunk, depth, name length, the rails' names."""
+    assert a[:4] == b"PZF2", a[:4]
     prov = a[4:36].rstrip(b"\0").decode()
     rails, chunk, depth, nlen = struct.unpack_from("<IQII", a, 36)
     names = [a[56 + r * nlen:56 + (r + 1) * nlen] for r in range(rails)]
@@ -63,6 +63,19 @@ def _ipv4(name: bytes) -> str:
     family, = struct.unpack_from("<H", name, 0)
     assert family == socket.AF_INET and len(name) >= 8, name.hex()
     return socket.inet_ntoa(name[4:8])
+
+
+def test_an_engine_of_another_wire_version_is_named():
+    """Rank 1's address says wire version 1 (both directions of a pair on the
+    same rails): connecting names the versions, never a hang on rails that
+    do not match."""
+    e = _engine(0, 2, os.urandom(16))
+    try:
+        mine = e.address()
+        with pytest.raises(ValueError, match="rank 1 runs fabric wire version 1, rank 0 version 2: run one portable_zip"):
+            e.connect([mine, b"PZF1" + mine[4:]])
+    finally:
+        e.close()
 
 
 def test_one_host_binds_every_rail_to_loopback():
@@ -197,7 +210,7 @@ def stranger(rendezvous, sender, seconds):
     store = TCPStore(where["host"], where["port"], is_master=False, timeout=datetime.timedelta(seconds=30))
     keys = [k for k in store.list_keys() if k.endswith("/fabric/0")]
     records = [store.get(k) for k in keys]
-    addrs = [r[r.index(b"PZF1"):] for r in records]  # the address is plaintext, whatever precedes it
+    addrs = [r[r.index(b"PZF2"):] for r in records]  # the address is plaintext, whatever precedes it
     assert len(addrs) == 2 * len(MODES), keys  # each Communicator's engine and its point-to-point path's
     forged = [torch.full((n,), 1.5, dtype=torch.bfloat16) for n in SIZES]
     raw = [f.view(torch.uint8).clone() for f in forged] + [torch.full((64,), 7, dtype=torch.uint8)]

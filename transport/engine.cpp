@@ -29,7 +29,7 @@ namespace {
 
 constexpr uint64_t kMinChunk = 64 << 10;
 constexpr uint32_t kMaxChunks = 1u << 24;  // chunk index bits of a tag
-constexpr char kAddrMagic[4] = {'P', 'Z', 'F', '1'};
+constexpr char kAddrMagic[4] = {'P', 'Z', 'F', '2'};  // 2: each direction of a pair on rails of its own
 constexpr size_t kProvField = 32;
 
 // The plain tag: source rank (16 bits) | message sequence of the pair (24) |
@@ -345,6 +345,10 @@ void Engine::connect(const std::vector<std::string>& addrs) {
   const size_t fixed = 4 + kProvField + 20;
   for (int j = 0; j < cfg_.world; ++j) {
     const std::string& a = addrs[j];
+    if (a.size() >= 4 && a.compare(0, 3, kAddrMagic, 3) == 0 && a[3] != kAddrMagic[3])
+      throw std::invalid_argument("rank " + std::to_string(j) + " runs fabric wire version " + a[3] + ", rank " +
+                                  std::to_string(cfg_.rank) + " version " + kAddrMagic[3] +
+                                  ": run one portable_zip version on every rank");
     if (a.size() < fixed || a.compare(0, 4, kAddrMagic, 4) != 0)
       throw std::runtime_error("rank " + std::to_string(j) + " sent a garbled fabric address");
     if (a.compare(0, fixed, mine, 0, fixed) != 0) {
@@ -507,7 +511,7 @@ bool Engine::start_chunk(Xfer* x) {
   c->x = x;
   c->pair = &p;
   c->idx = x->next++;
-  c->rail = static_cast<int>(c->idx % cfg_.rails);
+  c->rail = x->send() ? rail_of(cfg_.rank, x->op.peer, c->idx) : rail_of(x->op.peer, cfg_.rank, c->idx);
   c->off = static_cast<uint64_t>(c->idx) * cfg_.chunk;
   c->len = x->nchunks ? std::min<uint64_t>(cfg_.chunk, x->total - c->off) : std::min<uint64_t>(cfg_.chunk, x->op.len);
   p.inflight[dir]++;
@@ -532,6 +536,19 @@ bool Engine::start_chunk(Xfer* x) {
   c->state = Chunk::Wire;
   if (!post_wire(c)) p.retry.push_back(c);
   return true;
+}
+
+// The rail of chunk idx of a message from rank src to rank dst. Each
+// direction of a pair has rails of its own, the first (rails + 1) / 2 from
+// the lower rank up, the rest down (one rail: both on it): over rxm, a
+// rendezvous's read request (and its completion) travels against its data,
+// and on a connection that also carried the other direction's chunks it
+// queued behind them, so a pair moving both ways at once took 1.6-2x as
+// long as one way on a link that binds (bench/NOTES.md, sixth session).
+int Engine::rail_of(int src, int dst, uint32_t idx) const {
+  const int up = (cfg_.rails + 1) / 2, down = cfg_.rails - up;
+  if (src < dst || down == 0) return static_cast<int>(idx % up);
+  return up + static_cast<int>(idx % down);
 }
 
 bool Engine::post_wire(Chunk* c) {

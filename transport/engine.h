@@ -126,6 +126,7 @@ class Engine {
   void run();                 // the progress thread
   bool advance(Pair& p, int dir);
   bool start_chunk(Xfer* x);
+  int rail_of(int src, int dst, uint32_t idx) const;
   bool post_wire(Chunk* c);
   void on_wire_done(Chunk* c, uint64_t len);
   void finish_chunk(Chunk* c);
