@@ -213,7 +213,7 @@ def test_waits_outlast_their_slices():
 
 
 def sends_then_leaves(rank, world, delay):
-    """Rank 0 sends rank 1 4 MiB (both rails connect), then a small message
+    """Rank 0 sends rank 1 4 MiB (its direction's rail connects), then a small message
     (eager: its send completes when its bytes are on their way), and closes
     at once. Rank 1 receives that message and one from rank 2 in one
     exchange, which rank 2 joins `delay` s after rank 0 has closed, so rank

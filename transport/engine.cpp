@@ -93,8 +93,9 @@ int64_t now_ns() {
 // strangers', and posts go on (a flood of strangers costs each post at
 // most kSettleNs, not the job). One: the wire stops. A peer that closed
 // quietly (its goodbye says every transfer it posted had completed, so no
-// rendezvous request of its own is stale) explains the tear of a
-// connection per rail and stops nothing: its eager sends that we have not
+// rendezvous request of its own is stale) explains the tear of each
+// connection to it that carried traffic (rails_used_) and stops nothing:
+// its eager sends that we have not
 // matched yet are still delivered (send, then close, is a correct
 // program), and a wait on it that nothing answers fails at the watch's
 // grace. That holds where an unmatched eager message keeps no pointer to
@@ -182,6 +183,8 @@ Engine::Engine(const Config& cfg) : cfg_(cfg) {
   cfg_.chunk = (cfg_.chunk + 4095) & ~uint64_t{4095};  // whole pages: slots stay aligned
   if (cfg_.depth < 1 || cfg_.depth > 64) throw std::invalid_argument("PZ_FABRIC_DEPTH must be 1 to 64");
   if (cfg_.world > 0xFFFF) throw std::invalid_argument("the fabric transport supports up to 65535 ranks");
+  rails_used_ = std::make_unique<std::atomic<uint32_t>[]>(static_cast<size_t>(std::max(cfg_.world, 1)));
+  for (int j = 0; j < std::max(cfg_.world, 1); ++j) rails_used_[j].store(0);
   lib();  // throws with the library's install hint
   open_provider();
   send_seq_.assign(cfg_.world, 0);
@@ -592,6 +595,7 @@ bool Engine::post_wire(Chunk* c) {
   if (rc == -FI_EAGAIN) return false;
   if (rc) throw std::runtime_error(std::string(x->send() ? "posting a send to rank " : "posting a receive from rank ") +
                                    std::to_string(peer) + ": " + err_text(static_cast<int>(rc)));
+  if (x->send()) rails_used_[peer].fetch_or(1u << c->rail);  // a send opens the rail's connection
   if (r.outstanding.fetch_add(1, std::memory_order_relaxed) == 0) pump_cv_.notify_all();  // a sleeping pump
   return true;
 }
@@ -635,6 +639,7 @@ void Engine::finish_chunk(Chunk* c) {
   const int dir = x->send() ? 0 : 1;
   p.inflight[dir]--;
   if (c->slot >= 0) p.free_slots[dir].push_back(c->slot);
+  rails_used_[x->op.peer].fetch_or(1u << c->rail);  // a receive came over the rail's connection
   delete c;
   if (++x->done == x->nchunks) {
     {
@@ -871,7 +876,10 @@ void Engine::resume_if_explained() {
 
 void Engine::peer_gone(int peer, bool quiet) {
   if (quiet && trust_quiet_) {
-    quiet_credit_.fetch_add(static_cast<uint64_t>(cfg_.rails));
+    uint64_t used = 0;  // the rails whose connection to it can tear
+    const uint32_t bits = peer >= 0 && peer < cfg_.world ? rails_used_[peer].load() : (1u << cfg_.rails) - 1;
+    for (int r = 0; r < cfg_.rails; ++r) used += bits >> r & 1;
+    quiet_credit_.fetch_add(used);
     resume_if_explained();
     return;
   }

@@ -1,5 +1,5 @@
 // The fabric engine: libfabric RDM endpoints ("rails") to every peer, tagged
-// messages cut into chunks striped round-robin over the rails, a pinned
+// messages cut into chunks striped round-robin over their direction's rails, a pinned
 // staging ring per peer for memory the provider cannot send from, and one
 // progress thread. Python posts a batch of transfers and waits on it.
 #pragma once
@@ -170,7 +170,13 @@ class Engine {
   std::atomic<bool> watched_{false};     // a liveness watch reports peers that go (peer_gone)
   std::atomic<int> gone_{-1};            // the first peer the watch saw go other than quietly
   std::atomic<uint64_t> tears_{0};       // connections rxm has torn down (any: teardown may leave endpoints open)
-  std::atomic<uint64_t> quiet_credit_{0};  // tears quiet goodbyes explain: a rail's connection each
+  std::atomic<uint64_t> quiet_credit_{0};  // tears quiet goodbyes explain: one per rail used with the peer
+  // Per peer, the rails whose connection to it carried a send of ours or a
+  // completed receive (a bit a rail): those a quiet goodbye explains. Each
+  // direction has rails of its own, so a pair moving bytes one way opens
+  // only that direction's; crediting every rail would let the surplus
+  // explain away a later death's tear.
+  std::unique_ptr<std::atomic<uint32_t>[]> rails_used_;
   std::atomic<int64_t> last_tear_ns_{0};   // steady-clock ns of the last tear
   bool trust_quiet_ = false;  // the provider keeps no connection state in unmatched messages (engine.cpp)
   std::atomic<int64_t> suspect_since_{0};  // steady-clock ns: a torn connection not yet known to be a peer's
