@@ -183,8 +183,7 @@ Engine::Engine(const Config& cfg) : cfg_(cfg) {
   cfg_.chunk = (cfg_.chunk + 4095) & ~uint64_t{4095};  // whole pages: slots stay aligned
   if (cfg_.depth < 1 || cfg_.depth > 64) throw std::invalid_argument("PZ_FABRIC_DEPTH must be 1 to 64");
   if (cfg_.world > 0xFFFF) throw std::invalid_argument("the fabric transport supports up to 65535 ranks");
-  rails_used_ = std::make_unique<std::atomic<uint32_t>[]>(static_cast<size_t>(std::max(cfg_.world, 1)));
-  for (int j = 0; j < std::max(cfg_.world, 1); ++j) rails_used_[j].store(0);
+  rails_used_ = std::make_unique<std::atomic<uint32_t>[]>(static_cast<size_t>(std::max(cfg_.world, 1)));  // zeroed
   lib();  // throws with the library's install hint
   open_provider();
   send_seq_.assign(cfg_.world, 0);
@@ -639,7 +638,7 @@ void Engine::finish_chunk(Chunk* c) {
   const int dir = x->send() ? 0 : 1;
   p.inflight[dir]--;
   if (c->slot >= 0) p.free_slots[dir].push_back(c->slot);
-  rails_used_[x->op.peer].fetch_or(1u << c->rail);  // a receive came over the rail's connection
+  if (!x->send()) rails_used_[x->op.peer].fetch_or(1u << c->rail);  // a receive came over the rail's connection
   delete c;
   if (++x->done == x->nchunks) {
     {
