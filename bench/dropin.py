@@ -255,9 +255,12 @@ def _merged(results: list) -> dict:
     return out
 
 
-def summarize(res: dict, device: str, limit_bound: bool) -> dict:
+def summarize(res: dict, device: str, limit_bound: bool, gbit: float = 0.0) -> dict:
     """Rank 0's rows with speed-ups (gloo / pz; on a GPU also never / pz) and
-    the issue's targets checked (the speed-up targets only where limit_bound)."""
+    the issue's targets checked (the speed-up targets only where limit_bound).
+    gbit: the link's measured rate, for each pz mode's link floor: the time its
+    wire bytes take at that rate (what a rank sends, one direction of the link),
+    and its share of the step (near 1: the link binds)."""
     out = {}
     for kind, rows in res["wrappings"].items():
         ok = {m: r for m, r in rows.items() if "step_ms" in r}
@@ -271,6 +274,9 @@ def summarize(res: dict, device: str, limit_bound: bool) -> dict:
             raw = sum(o["raw_bytes"] for o in r["per_step"].values())
             r["wire_mb_per_step"], r["raw_mb_per_step"] = round(wire / 1e6, 2), round(raw / 1e6, 2)
             r["wire_ratio"] = round(wire / raw, 4) if raw else None
+            if gbit > 0:
+                r["link_floor_ms"] = round(wire * 8 / (gbit * 1e9) * 1e3, 1)
+                r["link_share"] = round(r["link_floor_ms"] / r["step_ms"], 3)
         base = "gloo" if "gloo" in ok else "never"
         best = max((r.get(f"speedup_vs_{base}", 0) for m, r in ok.items() if m in ("auto", "always")), default=None)
         worst = min((r.get(f"speedup_vs_{base}", 9) for m, r in ok.items() if m not in ("gloo", base)), default=None)
@@ -294,6 +300,7 @@ def _print(summary: dict, title: str) -> None:
                 continue
             sp = "".join(f" {v:.2f}x" for k, v in r.items() if k.startswith("speedup_vs_"))
             wire = f" {r['wire_mb_per_step']:.1f} MB" if "wire_mb_per_step" in r else ""
+            wire += f" (link {r['link_share']:.0%})" if "link_share" in r else ""
             cells.append(f"{m} {r['step_ms']:.0f} ms{sp}{wire}")
         print(f"  {kind:11s} " + " | ".join(cells), flush=True)
 
@@ -351,7 +358,7 @@ def main() -> None:
         for gbit in a.gbit:
             desc, limit, res = on_link(gbit, argvs[0], timeout=a.timeout, more=argvs[1:])
             res = _merged([r[0] for r in (res if len(argvs) > 1 else [res])])
-            s = summarize(res, a.device, limit_bound=True)
+            s = summarize(res, a.device, limit_bound=True, gbit=limit["gbit"])
             _print(s, f"{desc}; plain TCP {limit['gbit']:.2f} Gbit/s (after: {limit['gbit_after']:.2f})")
             runs.append({"link": desc, "configured_gbit": gbit, "limit": limit, "params": res["params"],
                          "torch_threads": res["torch_threads"], "wrappings": s})
