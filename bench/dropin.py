@@ -275,8 +275,8 @@ def summarize(res: dict, device: str, limit_bound: bool, gbit: float = 0.0) -> d
             r["wire_mb_per_step"], r["raw_mb_per_step"] = round(wire / 1e6, 2), round(raw / 1e6, 2)
             r["wire_ratio"] = round(wire / raw, 4) if raw else None
             if gbit > 0:
-                r["link_floor_ms"] = round(wire * 8 / (gbit * 1e9) * 1e3, 1)
-                r["link_share"] = round(r["link_floor_ms"] / r["step_ms"], 3)
+                floor_ms = wire * 8 / (gbit * 1e9) * 1e3
+                r["link_floor_ms"], r["link_share"] = round(floor_ms, 1), round(floor_ms / r["step_ms"], 3)
         base = "gloo" if "gloo" in ok else "never"
         best = max((r.get(f"speedup_vs_{base}", 0) for m, r in ok.items() if m in ("auto", "always")), default=None)
         worst = min((r.get(f"speedup_vs_{base}", 9) for m, r in ok.items() if m not in ("gloo", base)), default=None)
