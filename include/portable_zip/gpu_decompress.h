@@ -145,10 +145,12 @@ PZ_DEVICE uint32_t decode_fixed(const DecompressParams& p, const uint8_t* seg, u
 // word-count underflow (corrupt stream) sets bad, reads nothing and leaves
 // the read position at 0, so reads stay inside the words.
 // Checked: as above. Unchecked (rans_rows says when: no step of the row can
-// run out of words or read word rp): no underflow test, no branch.
+// run out of words or read word rp): no underflow test, no branch. mask:
+// word i is wp[i & mask] (a ring of the words in shared memory), else ~0.
 template <bool Checked = true>
 PZ_DEVICE PZ_FORCE_INLINE uint32_t decode_step(uint32_t& x, bool valid, const uint8_t* lookup, const uint32_t* encsym,
-                                               const uint16_t* wp, uint32_t lt, uint32_t& rp, bool& bad) {
+                                               const uint16_t* wp, uint32_t lt, uint32_t& rp, bool& bad,
+                                               uint32_t mask = ~0u) {
   uint32_t sym = 0;
   if (valid) {
     const uint32_t slot = x & (fmt::kProbScale - 1);
@@ -163,7 +165,7 @@ PZ_DEVICE PZ_FORCE_INLINE uint32_t decode_step(uint32_t& x, bool valid, const ui
     // Every lane loads (no branch): lanes that need no word read word
     // rp - count, inside the words since the row started below the last
     // word (rp < words) with rp >= 256 >= count.
-    const uint32_t word = wp[rp - count + (need ? popc32(ballot & lt) : 0u)];
+    const uint32_t word = wp[(rp - count + (need ? popc32(ballot & lt) : 0u)) & mask];
     x = need ? (x << 16) | word : x;
     rp -= count;
     return sym;
@@ -171,7 +173,7 @@ PZ_DEVICE PZ_FORCE_INLINE uint32_t decode_step(uint32_t& x, bool valid, const ui
   const bool under = count > rp;  // group-uniform
   bad |= under;
   // Out of words (a corrupt stream): no read at all (wp may end the stream).
-  if (need && !under) x = (x << 16) | wp[rp - count + popc32(ballot & lt)];
+  if (need && !under) x = (x << 16) | wp[(rp - count + popc32(ballot & lt)) & mask];
   rp = under ? 0 : rp - count;
   return sym;
 }
@@ -231,6 +233,56 @@ PZ_DEVICE PZ_FORCE_INLINE bool rans_strided(const DecompressParams& p, uint64_t 
   return !bad && rp == 0;
 }
 
+// The coded words of a 32-lane block staged in a ring of kWordRing words
+// in shared memory (word i at ring[i % kWordRing]), so a step's word is a
+// shared load, not a global one on its chain. Words are read from the last
+// down: at each row the ring holds every word a row can take (at most 224
+// below the read position) and the loads of the next row's are in flight
+// (word pairs, up to 4 a lane, kept in registers and stored a row later):
+// the ring holds [lo, rp) with lo at most kWordRing below rp, so a store
+// only ever replaces a word already read. The words are 4-byte aligned (a
+// segment starts 16-byte aligned and the prefix is whole 32-bit words), so
+// pairs are 32-bit loads; an odd last word is loaded alone. Every load lies
+// inside the words, whatever the stream holds.
+struct WordRing {
+  static constexpr int kPairs = 4;  // pairs a lane a row: a row takes <= 224 words, 116 pairs with alignment
+  uint32_t v[kPairs];
+  uint32_t lo = 0, top = 0;         // words [lo, top) were last asked for (lo even)
+  // Loads the last words of the block, [lo, words), into the ring.
+  PZ_DEVICE PZ_FORCE_INLINE void start(uint16_t* ring, const uint16_t* wp, uint32_t words) {
+    const int lane = group_lane();
+    lo = top = words > kWordRing ? static_cast<uint32_t>(fmt::align_up(words - kWordRing, 8)) : 0u;
+    const uint32_t* wp32 = reinterpret_cast<const uint32_t*>(wp);
+    uint32_t* ring32 = reinterpret_cast<uint32_t*>(ring);
+    for (uint32_t m = lo / 2 + lane; 2 * m + 1 < words; m += fmt::kLanes) ring32[m % (kWordRing / 2)] = wp32[m];
+    if ((words & 1) && lane == 0) ring[(words - 1) % kWordRing] = wp[words - 1];
+    group_sync();
+  }
+  // At a row's start (read position rp): stores the pairs asked for a row
+  // ago, then asks for those down to kWordRing below rp.
+  PZ_DEVICE PZ_FORCE_INLINE void next_row(uint16_t* ring, const uint16_t* wp, uint32_t rp) {
+    const int lane = group_lane();
+    uint32_t* ring32 = reinterpret_cast<uint32_t*>(ring);
+#pragma unroll
+    for (int t = 0; t < kPairs; ++t) {
+      const uint32_t m = top / 2 - 1 - (fmt::kLanes * t + lane);  // wraps below 0: then not < top / 2
+      if (m >= lo / 2 && m < top / 2) ring32[m % (kWordRing / 2)] = v[t];
+    }
+    group_sync();
+    uint32_t want = rp > kWordRing ? static_cast<uint32_t>(fmt::align_up(rp - kWordRing, 8)) : 0u;
+    const uint32_t floor = lo > 2 * fmt::kLanes * kPairs ? lo - 2 * fmt::kLanes * kPairs : 0u;  // registers' bound
+    if (want < floor) want = floor;
+    if (want > lo) want = lo;
+    top = lo, lo = want;
+    const uint32_t* wp32 = reinterpret_cast<const uint32_t*>(wp);
+#pragma unroll
+    for (int t = 0; t < kPairs; ++t) {
+      const uint32_t m = top / 2 - 1 - (fmt::kLanes * t + lane);
+      v[t] = m >= lo / 2 && m < top / 2 ? wp32[m] : 0u;
+    }
+  }
+};
+
 // The v3 rANS decode loop of one block, S states a lane (format lanes =
 // 32 S): lane L's state s decodes symbols row + 256 s + 8L + 7 down to row +
 // 256 s + 8L of each row of 256 S symbols, last row first, the states of a
@@ -241,11 +293,14 @@ PZ_DEVICE PZ_FORCE_INLINE bool rans_strided(const DecompressParams& p, uint64_t 
 // (one 8-byte load per state, fp32 two more 16-byte loads) are in flight
 // while a row decodes. A word-count underflow (corrupt stream) is recorded
 // and the read position clamped, so reads stay inside the segment without a
-// branch. Returns false when the words do not add up.
-template <fmt::DType D, bool Full, int S>
+// branch. Returns false when the words do not add up. Ring (S == 1 only):
+// the steps read the words from ring, the group's kWordRing words of shared
+// memory (WordRing).
+template <fmt::DType D, bool Full, int S, bool Ring>
 PZ_DEVICE PZ_FORCE_INLINE bool rans_rows(const DecompressParams& p, uint64_t first, uint32_t n, const uint8_t* lookup,
                                          const uint32_t* encsym, const uint16_t* wp, uint32_t words,
-                                         const uint8_t* raw8, const uint16_t* raw16, uint32_t* x_io, uint32_t& sum) {
+                                         const uint8_t* raw8, const uint16_t* raw16, uint32_t* x_io, uint32_t& sum,
+                                         uint16_t* ring) {
   constexpr bool plane16 = fmt::has_plane16(D);
   constexpr int R = fmt::kLaneRun;
   constexpr int kWords = R * kSymBytes<D> / 4;  // output words per lane per state per row
@@ -279,19 +334,26 @@ PZ_DEVICE PZ_FORCE_INLINE bool rans_rows(const DecompressParams& p, uint64_t fir
   };
   Raw cur[S], nxt[S];
   uint32_t touched = 0;  // the last row's word-line load
+  static_assert(!Ring || S == 1, "the ring holds one state's words a lane");
+  WordRing wr;
+  if constexpr (Ring) wr.start(ring, wp, words);
+  const uint16_t* rd = Ring ? ring : wp;  // where the steps read word i: rd[i & mask]
+  constexpr uint32_t mask = Ring ? kWordRing - 1 : ~0u;
 #pragma unroll
   for (int s = 0; s < S; ++s) load(rows - 1, s, cur[s]);
   for (int32_t r = rows - 1; r >= 0; --r) {
     if (r > 0)
 #pragma unroll
       for (int s = 0; s < S; ++s) load(r - 1, s, nxt[s]);
+    if constexpr (Ring) wr.next_row(ring, wp, rp);  // this row's words in place, the next row's on their way
     // Pull the coded words of the next rows toward L1 (about 40 words per state a row).
     // 32 lanes: with loads, not the prefetch hint, which left most word loads missing
     // L1 (bench/NOTES.md, s21). Each load's value is consumed a row later, when it has
     // long arrived, by a test that cannot hold (rp <= words), so the load stays and
     // nothing waits on it. 64 lanes keep the hint: their registers are capped, and the
     // loads measured slower there.
-    if constexpr (S == 1) {
+    if constexpr (Ring) {
+    } else if constexpr (S == 1) {
       bad |= touched == 0x9e3779b9u && rp > words;
       touched = lane < 2 && rp > 64u * (lane + 1) ? touch_l1(wp + ((rp - 64u * (lane + 1)) & ~1u)) : 0u;  // inside the words
     } else if (lane < 2 * S && rp > 64u * (lane + 1)) {
@@ -306,14 +368,14 @@ PZ_DEVICE PZ_FORCE_INLINE bool rans_rows(const DecompressParams& p, uint64_t fir
 #pragma unroll
       for (int k = R - 1; k >= 0; --k)
 #pragma unroll
-        for (int s = S - 1; s >= 0; --s) sym[s][k] = decode_step<false>(x[s], true, lookup, encsym, wp, lt, rp, bad);
+        for (int s = S - 1; s >= 0; --s) sym[s][k] = decode_step<false>(x[s], true, lookup, encsym, rd, lt, rp, bad, mask);
     } else {
 #pragma unroll
       for (int k = R - 1; k >= 0; --k)
 #pragma unroll
         for (int s = S - 1; s >= 0; --s) {
           const uint32_t i0 = static_cast<uint32_t>(r) * kRow + s * kHalf + R * lane;
-          sym[s][k] = decode_step(x[s], Full || i0 + k < n, lookup, encsym, wp, lt, rp, bad);
+          sym[s][k] = decode_step(x[s], Full || i0 + k < n, lookup, encsym, rd, lt, rp, bad, mask);
         }
     }
     // The row's output words, off the state chains: they overlap the next row.
@@ -358,12 +420,13 @@ PZ_DEVICE PZ_FORCE_INLINE bool rans_rows(const DecompressParams& p, uint64_t fir
 
 // A rANS block's states (format lane 32 s + L is lane L's state s, at
 // states), its rows, and the end test: every state back at L, every word
-// read. The tables are built (group_sync after the state check).
-template <fmt::DType D, int S>
+// read. The tables are built (group_sync after the state check). Ring: v3
+// streams' words go through ring (rans_rows).
+template <fmt::DType D, int S, bool Ring>
 PZ_DEVICE PZ_FORCE_INLINE bool rans_block(const DecompressParams& p, uint64_t first, uint32_t n, const uint8_t* lookup,
                                           const uint32_t* encsym, const uint8_t* states, const uint16_t* wp,
                                           uint32_t words, const uint8_t* raw8, const uint16_t* raw16, bool contig,
-                                          bool full, uint32_t& sum) {
+                                          bool full, uint32_t& sum, uint16_t* ring) {
   const int lane = group_lane();
   uint32_t x[S];
   bool low = false;
@@ -373,11 +436,11 @@ PZ_DEVICE PZ_FORCE_INLINE bool rans_block(const DecompressParams& p, uint64_t fi
   group_sync();  // tables complete
   bool ok;
   if constexpr (S == 2) {
-    ok = full ? rans_rows<D, true, 2>(p, first, n, lookup, encsym, wp, words, raw8, raw16, x, sum)
-              : rans_rows<D, false, 2>(p, first, n, lookup, encsym, wp, words, raw8, raw16, x, sum);
+    ok = full ? rans_rows<D, true, 2, false>(p, first, n, lookup, encsym, wp, words, raw8, raw16, x, sum, ring)
+              : rans_rows<D, false, 2, false>(p, first, n, lookup, encsym, wp, words, raw8, raw16, x, sum, ring);
   } else if (contig) {
-    ok = full ? rans_rows<D, true, 1>(p, first, n, lookup, encsym, wp, words, raw8, raw16, x, sum)
-              : rans_rows<D, false, 1>(p, first, n, lookup, encsym, wp, words, raw8, raw16, x, sum);
+    ok = full ? rans_rows<D, true, 1, Ring>(p, first, n, lookup, encsym, wp, words, raw8, raw16, x, sum, ring)
+              : rans_rows<D, false, 1, Ring>(p, first, n, lookup, encsym, wp, words, raw8, raw16, x, sum, ring);
   } else {
     ok = full ? rans_strided<D, true>(p, first, n, lookup, encsym, wp, words, raw8, raw16, x[0], sum)
               : rans_strided<D, false>(p, first, n, lookup, encsym, wp, words, raw8, raw16, x[0], sum);
@@ -390,10 +453,11 @@ PZ_DEVICE PZ_FORCE_INLINE bool rans_block(const DecompressParams& p, uint64_t fi
 
 // Decodes block b's symbols into p.out, adding each element's checksum term
 // to this lane's sum; returns DecodeError bits (group-uniform). S: rANS
-// states a lane (format lanes / 32), 0 to take it from the header.
+// states a lane (format lanes / 32), 0 to take it from the header. ring:
+// the group's word ring (WordRing), given to the 32-lane rANS kernel only.
 template <fmt::DType D, fmt::Codec C, int S>
 PZ_DEVICE uint32_t decode_symbols(const DecompressParams& p, const fmt::Layout& l, uint64_t b, DecompressSmem& s,
-                                  uint32_t& sum) {
+                                  uint32_t& sum, uint16_t* ring) {
   constexpr bool plane16 = fmt::has_plane16(D);
   const fmt::Header& h = p.h;
   const int lane = group_lane();
@@ -461,26 +525,28 @@ PZ_DEVICE uint32_t decode_symbols(const DecompressParams& p, const fmt::Layout& 
   bool ok;
   if constexpr (S == 0)
     ok = h.lanes == fmt::kWideLanes
-             ? rans_block<D, 2>(p, first, n, lookup, encsym, seg + wpos + 4, wp, wn, raw8, raw16, contig, full, sum)
-             : rans_block<D, 1>(p, first, n, lookup, encsym, seg + wpos + 4, wp, wn, raw8, raw16, contig, full, sum);
-  else ok = rans_block<D, S>(p, first, n, lookup, encsym, seg + wpos + 4, wp, wn, raw8, raw16, contig, full, sum);
+             ? rans_block<D, 2, false>(p, first, n, lookup, encsym, seg + wpos + 4, wp, wn, raw8, raw16, contig, full, sum, ring)
+             : rans_block<D, 1, false>(p, first, n, lookup, encsym, seg + wpos + 4, wp, wn, raw8, raw16, contig, full, sum, ring);
+  else ok = rans_block<D, S, S == 1 && C == fmt::Codec::Rans>(p, first, n, lookup, encsym, seg + wpos + 4, wp, wn, raw8, raw16, contig, full, sum, ring);
   return ok ? 0u : static_cast<uint32_t>(kErrStream);
 }
 
 // Decodes block b into p.out and (v2) checks the elements it wrote against
 // the block's checksum; returns DecodeError bits (group-uniform).
 template <fmt::DType D, fmt::Codec C, int S>
-PZ_DEVICE uint32_t decode_block(const DecompressParams& p, const fmt::Layout& l, uint64_t b, DecompressSmem& s) {
+PZ_DEVICE uint32_t decode_block(const DecompressParams& p, const fmt::Layout& l, uint64_t b, DecompressSmem& s,
+                                uint16_t* ring) {
   uint32_t sum = 0;
-  const uint32_t e = decode_symbols<D, C, S>(p, l, b, s, sum);
+  const uint32_t e = decode_symbols<D, C, S>(p, l, b, s, sum, ring);
   if (e || !l.nsums) return e;
   return fmt::finish_checksum(group_sum32(sum)) == get_u32(p.in + l.sums_begin + 4 * b) ? 0u : static_cast<uint32_t>(kErrChecksum);
 }
 
 // Decodes block b and ORs its errors into p.err.
 template <fmt::DType D, fmt::Codec C, int S>
-PZ_DEVICE PZ_FORCE_INLINE void decode_unit(const DecompressParams& p, const fmt::Layout& l, uint64_t b, DecompressSmem& s) {
-  const uint32_t e = decode_block<D, C, S>(p, l, b, s);
+PZ_DEVICE PZ_FORCE_INLINE void decode_unit(const DecompressParams& p, const fmt::Layout& l, uint64_t b, DecompressSmem& s,
+                                            uint16_t* ring = nullptr) {
+  const uint32_t e = decode_block<D, C, S>(p, l, b, s, ring);
   if (e && group_lane() == 0) atomic_or<Scope::Device>(p.err, e);
 }
 
@@ -492,9 +558,13 @@ PZ_DEVICE PZ_FORCE_INLINE void decompress_blocks(const DecompressParams& p, uint
   l.total = total;
   const int group = static_cast<int>(threadIdx.x) / fmt::kLanes;
   DecompressSmem& s = reinterpret_cast<DecompressSmem*>(smem)[group];
+  // The 32-lane rANS kernel's word rings follow the groups' tables (decompress_smem_per_group).
+  uint16_t* ring = C == fmt::Codec::Rans && S == 1
+                       ? reinterpret_cast<uint16_t*>(smem + kGroupsPerCta * sizeof(DecompressSmem)) + group * kWordRing
+                       : nullptr;
   const uint64_t stride = static_cast<uint64_t>(gridDim.x) * kGroupsPerCta;
   for (uint64_t b = static_cast<uint64_t>(blockIdx.x) * kGroupsPerCta + group; b < l.nblocks; b += stride)
-    decode_unit<D, C, S>(p, l, b, s);
+    decode_unit<D, C, S>(p, l, b, s, ring);
 }
 
 // Host-parsed, or the fast path of a device-parsed decode (DecompressLaunch).

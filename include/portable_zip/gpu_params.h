@@ -166,8 +166,11 @@ PZ_HOST_DEVICE constexpr uint64_t compress_smem_per_group(int states) {
 }
 
 // Shared memory per group for the rANS decoder (the fixed code needs none).
-// (Staging the coded words in a shared-memory window measured slower at >=
-// 256 MiB: see bench/NOTES.md.)
+// The 32-lane kernel (one state a lane) also stages its block's coded words
+// in a ring (kWordRing words a group, after every group's DecompressSmem):
+// a shared load on the renormalization chain instead of a global one. The
+// 64-lane kernel keeps global loads (a window there measured slower at >=
+// 256 MiB, where it is issue-bound: bench/NOTES.md).
 struct alignas(16) DecompressSmem {
   uint32_t encsym[256];             // freq | cum << 16
   uint16_t freq[256];               // the parsed table
@@ -175,5 +178,13 @@ struct alignas(16) DecompressSmem {
   int32_t table_bytes;              // lane 0's parse of the table, for the group
 };
 constexpr uint64_t kDecompressSmemPerGroup = sizeof(DecompressSmem);
+// Words in a group's ring: a power of two, and at least the 224 words a row
+// of 256 symbols can take (7 a lane: a step drops a state by at most 12
+// bits, a word adds 16) plus the row ahead's loads.
+constexpr uint32_t kWordRing = 512;
+// The rANS decompress kernel's shared memory per group for states a lane.
+PZ_HOST_DEVICE constexpr uint64_t decompress_smem_per_group(int states) {
+  return sizeof(DecompressSmem) + (states == 1 ? kWordRing * 2 : 0);
+}
 
 }  // namespace pz::gpu
