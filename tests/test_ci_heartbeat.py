@@ -1,5 +1,5 @@
 """ci/test prints a line at least every minute while it builds the wheel and
-runs the source builds and the fuzzer (which log to files): its heartbeat,
+waits for the source builds and the fuzzer (which log to files): its heartbeat,
 run here from ci/test's own text with the minute made short, prints while
 a step runs, stops with the step, keeps a failed step's exit status and
 leaves no process behind."""
@@ -28,12 +28,26 @@ def bash(body: str, period: str = "0.2", timeout: float = 20) -> subprocess.Comp
 
 
 def test_the_long_steps_run_under_a_heartbeat():
+    """The wheel builds under a heartbeat. The source builds and the fuzzer
+    run in the background beside the tests (which print as they go), and
+    the wait for each runs under a heartbeat, stopped after it."""
     lines = CI_TEST.read_text().splitlines()
+
+    def beating(at: int, what: str) -> None:
+        last = [line for line in lines[:at] if re.match(r"\s*heartbeat(_stop)?\b", line)]
+        assert last and last[-1].startswith("heartbeat "), f"ci/test runs {what!r} with no heartbeat on"
+        assert any(line.startswith("heartbeat_stop") for line in lines[at:]), f"nothing stops {what!r}'s heartbeat"
+
     for step in ("bash ci/wheels", "bash ci/compile_matrix", "bash ci/fuzz", "bash ci/vendor_builds"):
         at = next(i for i, line in enumerate(lines) if step in line and not line.lstrip().startswith("#"))
-        last = [line for line in lines[:at] if re.match(r"\s*heartbeat(_stop)?\b", line)]
-        assert last and last[-1].startswith("heartbeat "), f"ci/test runs {step!r} with no heartbeat on"
-        assert any(line.startswith("heartbeat_stop") for line in lines[at:]), f"nothing stops {step!r}'s heartbeat"
+        if not lines[at].split("#")[0].rstrip().endswith("&"):
+            beating(at, step)
+            continue
+        pid = re.fullmatch(r"(\w+)=\$!", lines[at + 1].strip())
+        assert pid, f"ci/test keeps no pid of the background {step!r}"
+        wait = next((i for i, line in enumerate(lines) if line.lstrip().startswith(f'wait "${pid.group(1)}"')), None)
+        assert wait is not None and wait > at, f"ci/test never waits for {step!r}"
+        beating(wait, f"the wait for {step}")
 
 
 def test_beats_while_a_step_runs_and_stops_with_it():

@@ -53,6 +53,8 @@ def _rank(rank: int, port: int) -> None:
         print("user SIGTERM handler ran", flush=True)
         os._exit(0)
 
+    import faulthandler
+    faulthandler.enable(all_threads=True)  # SIGABRT from the test: every thread's stack, if this rank hangs
     signal.signal(signal.SIGTERM, on_term)
     import torch
     import torch.distributed as dist
@@ -89,7 +91,14 @@ def test_signals_reach_python_after_a_fabric_op():
             assert line.strip() == "ready", (line, p.poll(), p.stderr.read() if p.poll() is not None else "")
         procs[0].send_signal(signal.SIGTERM)
         procs[1].send_signal(signal.SIGINT)
-        outs = [p.communicate(timeout=60) for p in procs]
+        outs = []
+        for r, p in enumerate(procs):
+            try:
+                outs.append(p.communicate(timeout=60))
+            except subprocess.TimeoutExpired:
+                p.send_signal(signal.SIGABRT)
+                _, err = p.communicate(timeout=30)
+                pytest.fail(f"rank {r} still ran 60 s after its signal; its threads at SIGABRT:\n{err[-6000:]}")
     finally:
         for p in procs:
             p.kill()
