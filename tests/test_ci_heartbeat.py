@@ -45,7 +45,8 @@ def test_the_long_steps_run_under_a_heartbeat():
             continue
         pid = re.fullmatch(r"(\w+)=\$!", lines[at + 1].strip())
         assert pid, f"ci/test keeps no pid of the background {step!r}"
-        wait = next((i for i, line in enumerate(lines) if line.lstrip().startswith(f'wait "${pid.group(1)}"')), None)
+        waits = re.compile(r'\s*wait\b.*"\$' + pid.group(1) + '"')
+        wait = next((i for i, line in enumerate(lines) if waits.match(line)), None)
         assert wait is not None and wait > at, f"ci/test never waits for {step!r}"
         beating(wait, f"the wait for {step}")
 

@@ -69,7 +69,11 @@ def _rank(rank: int, port: int) -> None:
     dist.barrier()
     try:  # "ready" inside: a SIGINT sent once it is read lands in the try, never before it
         print("ready", flush=True)
-        time.sleep(120)
+        # Short sleeps: a signal that lands after Python's last check and
+        # before a sleep's system call starts would wait out that whole sleep
+        # (CPython checks for signals between sleeps, not as one begins).
+        for _ in range(1200):
+            time.sleep(0.1)
     except KeyboardInterrupt:
         print("KeyboardInterrupt", flush=True)
     finally:
