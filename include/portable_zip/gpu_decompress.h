@@ -236,8 +236,8 @@ PZ_DEVICE PZ_FORCE_INLINE bool rans_strided(const DecompressParams& p, uint64_t 
 // The coded words of a 32-lane block staged in a ring of kWordRing words
 // in shared memory (word i at ring[i % kWordRing]), so a step's word is a
 // shared load, not a global one on its chain. Words are read from the last
-// down: at each row the ring holds every word a row can take (at most 224
-// below the read position) and the loads of the next row's are in flight
+// down: at each row the ring holds every word a row can take (at most 192
+// below the read position: gpu_params.h, kWordRing) and the loads of the next row's are in flight
 // (word pairs, up to 4 a lane, kept in registers and stored a row later):
 // the ring holds [lo, rp) with lo at most kWordRing below rp, so a store
 // only ever replaces a word already read. The words are 4-byte aligned (a
@@ -245,7 +245,7 @@ PZ_DEVICE PZ_FORCE_INLINE bool rans_strided(const DecompressParams& p, uint64_t 
 // pairs are 32-bit loads; an odd last word is loaded alone. Every load lies
 // inside the words, whatever the stream holds.
 struct WordRing {
-  static constexpr int kPairs = 4;  // pairs a lane a row: a row takes <= 224 words, 116 pairs with alignment
+  static constexpr int kPairs = 4;  // pairs a lane a row: a row takes <= 192 words, 100 pairs with alignment
   uint32_t v[kPairs];
   uint32_t lo = 0, top = 0;         // words [lo, top) were last asked for (lo even)
   // Loads the last words of the block, [lo, words), into the ring.

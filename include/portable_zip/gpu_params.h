@@ -178,9 +178,11 @@ struct alignas(16) DecompressSmem {
   int32_t table_bytes;              // lane 0's parse of the table, for the group
 };
 constexpr uint64_t kDecompressSmemPerGroup = sizeof(DecompressSmem);
-// Words in a group's ring: a power of two, and at least the 224 words a row
-// of 256 symbols can take (7 a lane: a step drops a state by at most 12
-// bits, a word adds 16) plus the row ahead's loads.
+// Words in a group's ring: a power of two, and at least the 192 words a row
+// of 256 symbols can take (6 a lane: a state starts a row with at least 17
+// bits and ends it with at most 32, a step takes at most 12, a word adds 16)
+// plus the row ahead's loads. The launchers pick the size by the same test
+// as the kernel (64 lanes or not).
 constexpr uint32_t kWordRing = 512;
 // The rANS decompress kernel's shared memory per group for states a lane.
 PZ_HOST_DEVICE constexpr uint64_t decompress_smem_per_group(int states) {
