@@ -29,8 +29,9 @@ def bash(body: str, period: str = "0.2", timeout: float = 20) -> subprocess.Comp
 
 def test_the_long_steps_run_under_a_heartbeat():
     """The wheel builds under a heartbeat. The source builds and the fuzzer
-    run in the background beside the tests (which print as they go), and
-    the wait for each runs under a heartbeat, stopped after it."""
+    run in the background beside the tests (which print as they go), each
+    writing its exit status to a file as it ends; the wait for those files
+    runs under a heartbeat, stopped after it, and each status is checked."""
     lines = CI_TEST.read_text().splitlines()
 
     def beating(at: int, what: str) -> None:
@@ -38,17 +39,19 @@ def test_the_long_steps_run_under_a_heartbeat():
         assert last and last[-1].startswith("heartbeat "), f"ci/test runs {what!r} with no heartbeat on"
         assert any(line.startswith("heartbeat_stop") for line in lines[at:]), f"nothing stops {what!r}'s heartbeat"
 
+    steps = next((line for line in lines if line.startswith("steps=(")), "")
     for step in ("bash ci/wheels", "bash ci/compile_matrix", "bash ci/fuzz", "bash ci/vendor_builds"):
         at = next(i for i, line in enumerate(lines) if step in line and not line.lstrip().startswith("#"))
         if not lines[at].split("#")[0].rstrip().endswith("&"):
             beating(at, step)
             continue
-        pid = re.fullmatch(r"(\w+)=\$!", lines[at + 1].strip())
-        assert pid, f"ci/test keeps no pid of the background {step!r}"
-        waits = re.compile(r'\s*wait\b.*"\$' + pid.group(1) + '"')
-        wait = next((i for i, line in enumerate(lines) if waits.match(line)), None)
-        assert wait is not None and wait > at, f"ci/test never waits for {step!r}"
-        beating(wait, f"the wait for {step}")
+        rc = re.search(r'echo \$\? > "\$logs/(\w+)\.rc"', lines[at])
+        assert rc and rc.group(1) in steps, f"the background {step!r} leaves no exit status that ci/test reads"
+        poll = next((i for i, line in enumerate(lines) if '[ -e "$logs/$step.rc" ]' in line), None)
+        assert poll is not None and poll > at, f"ci/test never waits for {step!r}"
+        beating(poll, f"the wait for {step}")
+    check = next((i for i, line in enumerate(lines) if '[ "$(cat "$logs/$step.rc"' in line), None)
+    assert check is not None and "rc=1" in lines[check], "ci/test does not fail on a background step's status"
 
 
 def test_beats_while_a_step_runs_and_stops_with_it():

@@ -56,6 +56,10 @@ def _rank(rank: int, port: int) -> None:
     import faulthandler
     faulthandler.enable(all_threads=True)  # SIGABRT from the test: every thread's stack, if this rank hangs
     signal.signal(signal.SIGTERM, on_term)
+    # Python's own SIGINT handler, as a shell's foreground job gets it: a
+    # parent that ignores SIGINT (nohup, a background job of a script)
+    # passes that on, and Python then installs none.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     import torch
     import torch.distributed as dist
 
@@ -69,9 +73,8 @@ def _rank(rank: int, port: int) -> None:
     dist.barrier()
     try:  # "ready" inside: a SIGINT sent once it is read lands in the try, never before it
         print("ready", flush=True)
-        # Short sleeps: a signal that lands after Python's last check and
-        # before a sleep's system call starts would wait out that whole sleep
-        # (CPython checks for signals between sleeps, not as one begins).
+        # Short sleeps: a signal whose handler runs just before a sleep's
+        # system call starts is acted on at the next, not after 120 s.
         for _ in range(1200):
             time.sleep(0.1)
     except KeyboardInterrupt:
