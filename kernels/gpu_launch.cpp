@@ -320,7 +320,7 @@ int gpu_decompress(const uint8_t* in, const fmt::Header& h, uint8_t* out, uint32
   gpu::DecompressLaunch d{gpu::DecompressParams{in, out, err, h}, nullptr};
   // The fixed code needs no shared tables, so its kernel runs at full occupancy.
   const bool fixed = h.codec == fmt::Codec::Fixed;
-  const uint64_t smem = fixed ? 0 : gpu::kGroupsPerCta * gpu::decompress_smem_per_group(h.lanes == fmt::kWideLanes ? 2 : 1);
+  const uint64_t smem = fixed ? 0 : gpu::kGroupsPerCta * gpu::decompress_smem_per_group(h.lanes);
   Ready r;
   if (const int rc = ready(device, gpu::decompress_name(h.dtype, h.codec, h.lanes), smem, &r)) return rc;
   const uint64_t grid = (l.nblocks + gpu::kGroupsPerCta - 1) / gpu::kGroupsPerCta;
@@ -388,7 +388,7 @@ int gpu_decode_batch(const uint8_t* const* ins, const uint64_t* in_lens, uint8_t
   // One expected rANS stream: the general kernel above parsed it and left its total for the fast path.
   gpu::DecompressLaunch f{gpu::DecompressParams{ins[0], outs[0], errs[0], expects[0]}, jobs[0].fast_total};
   Ready fr;
-  const uint64_t fsmem = gpu::kGroupsPerCta * gpu::decompress_smem_per_group(expects[0].lanes == fmt::kWideLanes ? 2 : 1);
+  const uint64_t fsmem = gpu::kGroupsPerCta * gpu::decompress_smem_per_group(expects[0].lanes);
   if ((rc = ready(device, gpu::decompress_name(kernel_dtype, fmt::Codec::Rans, expects[0].lanes), fsmem, &fr))) return rc;
   return run(fr, persistent_grid(fr, (jobs[0].work + gpu::kGroupsPerCta - 1) / gpu::kGroupsPerCta, max_sms), fsmem,
              stream, f, "launching the decode kernel");

@@ -352,10 +352,11 @@ PZ_DEVICE PZ_FORCE_INLINE bool rans_rows(const DecompressParams& p, uint64_t fir
     // long arrived, by a test that cannot hold (rp <= words), so the load stays and
     // nothing waits on it. 64 lanes keep the hint: their registers are capped, and the
     // loads measured slower there.
-    if constexpr (Ring) {
-    } else if constexpr (S == 1) {
-      bad |= touched == 0x9e3779b9u && rp > words;
-      touched = lane < 2 && rp > 64u * (lane + 1) ? touch_l1(wp + ((rp - 64u * (lane + 1)) & ~1u)) : 0u;  // inside the words
+    if constexpr (S == 1) {
+      if constexpr (!Ring) {
+        bad |= touched == 0x9e3779b9u && rp > words;
+        touched = lane < 2 && rp > 64u * (lane + 1) ? touch_l1(wp + ((rp - 64u * (lane + 1)) & ~1u)) : 0u;  // inside the words
+      }
     } else if (lane < 2 * S && rp > 64u * (lane + 1)) {
       prefetch_l1(wp + rp - 64u * (lane + 1));  // inside the words
     }
@@ -527,7 +528,7 @@ PZ_DEVICE uint32_t decode_symbols(const DecompressParams& p, const fmt::Layout& 
     ok = h.lanes == fmt::kWideLanes
              ? rans_block<D, 2, false>(p, first, n, lookup, encsym, seg + wpos + 4, wp, wn, raw8, raw16, contig, full, sum, ring)
              : rans_block<D, 1, false>(p, first, n, lookup, encsym, seg + wpos + 4, wp, wn, raw8, raw16, contig, full, sum, ring);
-  else ok = rans_block<D, S, S == 1 && C == fmt::Codec::Rans>(p, first, n, lookup, encsym, seg + wpos + 4, wp, wn, raw8, raw16, contig, full, sum, ring);
+  else ok = rans_block<D, S, kRingKernel<C, S>>(p, first, n, lookup, encsym, seg + wpos + 4, wp, wn, raw8, raw16, contig, full, sum, ring);
   return ok ? 0u : static_cast<uint32_t>(kErrStream);
 }
 
@@ -559,7 +560,7 @@ PZ_DEVICE PZ_FORCE_INLINE void decompress_blocks(const DecompressParams& p, uint
   const int group = static_cast<int>(threadIdx.x) / fmt::kLanes;
   DecompressSmem& s = reinterpret_cast<DecompressSmem*>(smem)[group];
   // The 32-lane rANS kernel's word rings follow the groups' tables (decompress_smem_per_group).
-  uint16_t* ring = C == fmt::Codec::Rans && S == 1
+  uint16_t* ring = kRingKernel<C, S>
                        ? reinterpret_cast<uint16_t*>(smem + kGroupsPerCta * sizeof(DecompressSmem)) + group * kWordRing
                        : nullptr;
   const uint64_t stride = static_cast<uint64_t>(gridDim.x) * kGroupsPerCta;

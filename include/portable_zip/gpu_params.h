@@ -181,12 +181,17 @@ constexpr uint64_t kDecompressSmemPerGroup = sizeof(DecompressSmem);
 // Words in a group's ring: a power of two, and at least the 192 words a row
 // of 256 symbols can take (6 a lane: a state starts a row with at least 17
 // bits and ends it with at most 32, a step takes at most 12, a word adds 16)
-// plus the row ahead's loads. The launchers pick the size by the same test
-// as the kernel (64 lanes or not).
+// plus the row ahead's loads.
 constexpr uint32_t kWordRing = 512;
-// The rANS decompress kernel's shared memory per group for states a lane.
-PZ_HOST_DEVICE constexpr uint64_t decompress_smem_per_group(int states) {
-  return sizeof(DecompressSmem) + (states == 1 ? kWordRing * 2 : 0);
+// Whether the decompress kernel of codec C and S states a lane stages its
+// words in a ring: the rANS kernel of one state a lane.
+template <fmt::Codec C, int S>
+constexpr bool kRingKernel = C == fmt::Codec::Rans && S == 1;
+// The rANS decompress kernel's shared memory per group for a stream of
+// `lanes` lanes, by the same test that names its kernel (kernel_names.h:
+// 64 lanes or not).
+PZ_HOST_DEVICE constexpr uint64_t decompress_smem_per_group(int lanes) {
+  return sizeof(DecompressSmem) + (lanes == fmt::kWideLanes ? 0 : kWordRing * 2);
 }
 
 }  // namespace pz::gpu
