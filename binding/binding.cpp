@@ -424,14 +424,16 @@ NB_MODULE(_C, m) {
   nb::class_<Engine>(m, "FabricEngine")
       .def("__init__", [](Engine* self, const std::string& provider, int rails, uint64_t chunk, int depth,
                           bool stage_host, int device, int rank, int world, bool same_host, int spin,
-                          const nb::bytes& secret, const std::string& iface) {
+                          const nb::bytes& secret, const std::string& iface, int64_t window) {
         fabric::Config c;
         c.provider = provider, c.rails = rails, c.chunk = chunk, c.depth = depth, c.stage_host = stage_host;
         c.device = device, c.rank = rank, c.world = world, c.same_host = same_host, c.spin = spin;
-        c.secret.assign(static_cast<const char*>(secret.data()), secret.size()), c.iface = iface;
+        c.secret.assign(static_cast<const char*>(secret.data()), secret.size()), c.iface = iface, c.window = window;
         nb::gil_scoped_release release;
         new (self) Engine(c);
-      })
+      }, nb::arg("provider"), nb::arg("rails"), nb::arg("chunk"), nb::arg("depth"), nb::arg("stage_host"),
+      nb::arg("device"), nb::arg("rank"), nb::arg("world"), nb::arg("same_host"), nb::arg("spin"), nb::arg("secret"),
+      nb::arg("iface"), nb::arg("window") = -1)
       .def("address", [](const Engine& e) {
         const std::string a = e.address();
         return nb::bytes(a.data(), a.size());

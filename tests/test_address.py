@@ -128,7 +128,7 @@ def test_fabric_endpoints_listen_inside_the_range():
         from portable_zip.comm.transports.fabric import FabricTransport
         from portable_zip.comm.settings import Settings
         g = SimpleNamespace(rank=0, size=2, ranks=[0, 1], secret=os.urandom(16))
-        s = Settings.from_env({{"PZ_FABRIC_PROVIDER": "tcp;ofi_rxm", "PZ_PORT_RANGE": "{lo}-{hi}"}})
+        s = Settings.from_env({{"PZ_FABRIC_PROVIDER": "tcp;ofi_rxm", "PZ_FABRIC_RAILS": "2", "PZ_PORT_RANGE": "{lo}-{hi}"}})
         tp = FabricTransport(g, torch.device("cpu"), s, same_host=True)
         a = tp.engine.address()
         rails, chunk, depth, nlen = struct.unpack_from("<IQII", a, 36)

@@ -49,7 +49,7 @@ def flooder(rendezvous: str, exe: str, connections: int, seconds: float) -> None
     records = [store.get(k) for k in store.list_keys() if re.search(r"/fabric/\d+$", k)]
     names, prov = [], None
     for r in records:
-        prov, _, _, _, ns = strangers._parse_address(r[r.index(b"PZF2"):])
+        prov, _, _, _, ns = strangers._parse_address(r[r.index(b"PZF3"):])
         names += [n.hex() for n in ns]
     # A quiet baseline first: the job's rounds before any stranger.
     time.sleep(3.0)

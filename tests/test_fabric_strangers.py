@@ -50,8 +50,8 @@ def _engine(rank, world, secret, same_host=True, iface="", rails=2, chunk=2 << 2
 
 
 def _parse_address(a: bytes):
-    """An engine's address(): 'PZF2', provider (32 bytes), rails, chunk, depth, name length, the rails' names."""
-    assert a[:4] == b"PZF2", a[:4]
+    """An engine's address(): 'PZF3', provider (32 bytes), rails, chunk, depth, name length, the rails' names."""
+    assert a[:4] == b"PZF3", a[:4]
     prov = a[4:36].rstrip(b"\0").decode()
     rails, chunk, depth, nlen = struct.unpack_from("<IQII", a, 36)
     names = [a[56 + r * nlen:56 + (r + 1) * nlen] for r in range(rails)]
@@ -72,7 +72,7 @@ def test_an_engine_of_another_wire_version_is_named():
     e = _engine(0, 2, os.urandom(16))
     try:
         mine = e.address()
-        with pytest.raises(ValueError, match="rank 1 runs fabric wire version 1, rank 0 version 2: run one portable_zip"):
+        with pytest.raises(ValueError, match="rank 1 runs fabric wire version 1, rank 0 version 3: run one portable_zip"):
             e.connect([mine, b"PZF1" + mine[4:]])
     finally:
         e.close()
@@ -95,7 +95,7 @@ def test_fabric_iface_picks_the_interface_and_a_bad_name_is_a_clear_error():
     from portable_zip.comm.settings import Settings
 
     group = SimpleNamespace(rank=0, size=2, ranks=[0, 1], secret=os.urandom(16))
-    env = {"PZ_FABRIC_PROVIDER": PROVIDER, "PZ_FABRIC_IFACE": "lo"}
+    env = {"PZ_FABRIC_PROVIDER": PROVIDER, "PZ_FABRIC_IFACE": "lo", "PZ_FABRIC_RAILS": "2"}  # every rail binds
     tp = FabricTransport(group, torch.device("cpu"), Settings.from_env(env), same_host=False)
     try:
         assert tp.info["bind"] == "127.0.0.1", tp.info
@@ -210,7 +210,7 @@ def stranger(rendezvous, sender, seconds):
     store = TCPStore(where["host"], where["port"], is_master=False, timeout=datetime.timedelta(seconds=30))
     keys = [k for k in store.list_keys() if k.endswith("/fabric/0")]
     records = [store.get(k) for k in keys]
-    addrs = [r[r.index(b"PZF2"):] for r in records]  # the address is plaintext, whatever precedes it
+    addrs = [r[r.index(b"PZF3"):] for r in records]  # the address is plaintext, whatever precedes it
     assert len(addrs) == 2 * len(MODES), keys  # each Communicator's engine and its point-to-point path's
     forged = [torch.full((n,), 1.5, dtype=torch.bfloat16) for n in SIZES]
     raw = [f.view(torch.uint8).clone() for f in forged] + [torch.full((64,), 7, dtype=torch.uint8)]

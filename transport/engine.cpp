@@ -29,7 +29,8 @@ namespace {
 
 constexpr uint64_t kMinChunk = 64 << 10;
 constexpr uint32_t kMaxChunks = 1u << 24;  // chunk index bits of a tag
-constexpr char kAddrMagic[4] = {'P', 'Z', 'F', '2'};  // 2: each direction of a pair on rails of its own
+constexpr char kAddrMagic[4] = {'P', 'Z', 'F', '3'};  // 3: push with credits (2: each direction on rails of its own)
+constexpr size_t kAddrTail = 12;  // after the rails' names: the push window in chunks (4), rxm's eager limit (8)
 constexpr size_t kProvField = 32;
 
 // The plain tag: source rank (16 bits) | message sequence of the pair (24) |
@@ -105,6 +106,7 @@ int64_t now_ns() {
 // death the watch names within kStrangerNs of a tear stops the wire too,
 // whatever quiet goodbyes explained meanwhile.
 constexpr int64_t kSettleNs = 2'000'000;
+constexpr int kDrainMs = 5000;  // close(): how long credits due may take
 constexpr int64_t kStrangerNs = 3'000'000'000;
 
 // rxm's dynamic receive buffers (FI_OFI_RXM_ENABLE_DYN_RBUF, on by default
@@ -136,7 +138,8 @@ struct Xfer {
 
 struct Chunk {
   fi_context2 ctx;  // first: libfabric returns its address as op_context
-  Xfer* x = nullptr;
+  Xfer* x = nullptr;     // nullptr: a credit receive (push), into `credit`
+  uint64_t credit = 0;
   Pair* pair = nullptr;
   uint32_t idx = 0;
   int slot = -1;
@@ -158,6 +161,13 @@ struct Pair {
   std::vector<fid_mr*> mrs;  // the ring's registration in each rail's domain (FI_MR_LOCAL providers)
   std::vector<void*> events;
   std::vector<Chunk*> retry;  // posts the provider refused with FI_EAGAIN
+  // Push (engine.h, Config::window), in chunks. Sender: chunks started to
+  // the peer, credits received (each a quarter window it consumed), one
+  // credit receive posted while the next is due. Receiver: chunks that
+  // arrived from the peer, credits sent for them.
+  uint64_t sent = 0, credits = 0;
+  bool credit_posted = false;
+  uint64_t consumed = 0, credited = 0;
 };
 
 std::string probe() { return load_error(); }
@@ -176,12 +186,14 @@ std::string bind_address(const std::string& iface, bool same_host) {
   return same_host ? "127.0.0.1" : ip;
 }
 
-Engine::Engine(const Config& cfg) : cfg_(cfg) {
-  if (cfg_.rails < 1 || cfg_.rails > 16) throw std::invalid_argument("PZ_FABRIC_RAILS must be 1 to 16");
-  if (cfg_.chunk < kMinChunk || cfg_.chunk > (1ull << 30))
+Engine::Engine(const Config& cfg) : want_(cfg), cfg_(cfg) {
+  if (want_.rails && (want_.rails < 1 || want_.rails > 16)) throw std::invalid_argument("PZ_FABRIC_RAILS must be 1 to 16");
+  if (want_.chunk && (want_.chunk < kMinChunk || want_.chunk > (1ull << 30)))
     throw std::invalid_argument("PZ_FABRIC_CHUNK must be 64 KiB to 1 GiB");
-  cfg_.chunk = (cfg_.chunk + 4095) & ~uint64_t{4095};  // whole pages: slots stay aligned
-  if (cfg_.depth < 1 || cfg_.depth > 64) throw std::invalid_argument("PZ_FABRIC_DEPTH must be 1 to 64");
+  want_.chunk = (want_.chunk + 4095) & ~uint64_t{4095};  // whole pages: slots stay aligned
+  if (want_.depth && (want_.depth < 1 || want_.depth > 64)) throw std::invalid_argument("PZ_FABRIC_DEPTH must be 1 to 64");
+  if (want_.window < -1 || want_.window > (int64_t{1} << 40))
+    throw std::invalid_argument("PZ_FABRIC_WINDOW must be 0 (off) to 1 TiB");
   if (cfg_.world > 0xFFFF) throw std::invalid_argument("the fabric transport supports up to 65535 ranks");
   rails_used_ = std::make_unique<std::atomic<uint32_t>[]>(static_cast<size_t>(std::max(cfg_.world, 1)));  // zeroed
   lib();  // throws with the library's install hint
@@ -231,6 +243,7 @@ void Engine::open_provider() {
   };
   std::string tried;
   for (const auto& prov : order) {
+    resolve(prov);
     // FI_THREAD_SAFE: each rail's pump thread reads its completion queue (where
     // tcp moves the bytes) while the progress thread posts. Else one thread does all.
     // FI_DIRECTED_RECV: a receive matches only its peer's address; without it, tags alone.
@@ -250,6 +263,13 @@ void Engine::open_provider() {
     info_ = L.dupinfo(got);  // the first match only
     trust_quiet_ = prov == "tcp;ofi_rxm" && rxm_dynamic_rbuf();
     L.freeinfo(got);
+    push_ = push_ && !(info_->domain_attr->mr_mode & FI_MR_LOCAL);  // credits land in unregistered memory
+    // rxm reads its eager limit as each endpoint opens; it sizes no buffer
+    // (1.17's bounce buffers follow FI_OFI_RXM_BUFFER_SIZE). One value on
+    // every rank (rxm refuses a connection across two): chunks up to 1 MiB
+    // travel eagerly, larger ones by rendezvous.
+    if (push_ && !std::getenv("FI_OFI_RXM_EAGER_LIMIT")) setenv("FI_OFI_RXM_EAGER_LIMIT", "1048576", 0);
+    if (push_) eager_limit_ = std::strtoull(std::getenv("FI_OFI_RXM_EAGER_LIMIT"), nullptr, 10);
     fi_info* h = nullptr;
     hmem_ = query(prov, true, &h, FI_THREAD_DOMAIN, directed_) == 0 && h;
     if (h) L.freeinfo(h);
@@ -278,6 +298,22 @@ void Engine::open_provider() {
                              ":" + tried + "\nproviders this host offers: " + (avail.empty() ? "none" : avail) +
                              (cfg_.provider.empty() ? "" : "\n(PZ_FABRIC_PROVIDER forces the first)"));
   }
+}
+
+// The settings for provider prov: what was asked, else its defaults. Push
+// (every chunk eager, a window of credits) where rxm's eager limit is ours to
+// set and the read request of a rendezvous would queue behind the
+// receiver's own bulk data on a link that binds (bench/NOTES.md, seventh
+// and ninth sessions): tcp;ofi_rxm.
+void Engine::resolve(const std::string& prov) {
+  push_ = want_.window != 0 && prov == "tcp;ofi_rxm";
+  cfg_.rails = want_.rails ? want_.rails : push_ ? 1 : 2;
+  cfg_.chunk = want_.chunk ? want_.chunk : push_ ? (256u << 10) : (2u << 20);
+  cfg_.depth = want_.depth ? want_.depth : std::max(4, 2 * cfg_.rails);
+  const uint64_t bytes = want_.window > 0 ? static_cast<uint64_t>(want_.window) : (4u << 20);
+  win_ = push_ ? static_cast<uint32_t>(std::min<uint64_t>(std::max<uint64_t>(4, bytes / cfg_.chunk), 1u << 20)) & ~3u : 0;
+  quarter_ = win_ / 4;
+  eager_limit_ = 0;
 }
 
 void Engine::open_endpoints() {
@@ -337,6 +373,8 @@ std::string Engine::address() const {
   put(cfg_.depth, 4);
   put(rails_[0].name.size(), 4);
   for (const auto& r : rails_) a += r.name;
+  put(win_, 4);
+  put(eager_limit_, 8);
   return a;
 }
 
@@ -361,6 +399,10 @@ void Engine::connect(const std::vector<std::string>& addrs) {
                                   "PZ_FABRIC_DEPTH alike on every rank)");
     }
     if (a.size() != mine.size()) throw std::runtime_error("rank " + std::to_string(j) + " sent a truncated address");
+    if (a.compare(a.size() - kAddrTail, kAddrTail, mine, mine.size() - kAddrTail, kAddrTail) != 0)
+      throw std::invalid_argument("fabric push settings differ between rank " + std::to_string(j) + " and rank " +
+                                  std::to_string(cfg_.rank) +
+                                  " (set PZ_FABRIC_WINDOW and FI_OFI_RXM_EAGER_LIMIT alike on every rank)");
   }
   const size_t nlen = rails_[0].name.size();
   for (int r = 0; r < cfg_.rails; ++r) {
@@ -393,7 +435,7 @@ uint64_t Engine::post(const std::vector<Op>& ops, void* user_stream) {
     for (const Op& op : ops) {  // all checked before any takes a sequence number
       if (op.peer < 0 || op.peer >= cfg_.world || op.peer == cfg_.rank)
         throw std::invalid_argument("fabric: peer " + std::to_string(op.peer) + " is not another rank");
-      if (op.len / cfg_.chunk >= kMaxChunks) throw std::invalid_argument("fabric: transfer too large for its chunk size");
+      if ((op.len + cfg_.chunk - 1) / cfg_.chunk >= kMaxChunks) throw std::invalid_argument("fabric: transfer too large for its chunk size");
       if ((op.kind == Kind::SendSized || op.kind == Kind::RecvSized) && op.len < fmt::kFixedHeaderBytes)
         throw std::invalid_argument("fabric: a sized transfer needs a buffer of at least a stream header (" +
                                     std::to_string(fmt::kFixedHeaderBytes) + " bytes), got " +
@@ -485,6 +527,11 @@ bool Engine::start_chunk(Xfer* x) {
   if (x->nchunks == 0 && x->next > 0) return false;  // a sized transfer waiting for its first chunk
   if (x->nchunks && x->next >= x->nchunks) return false;
   if (p.inflight[dir] >= cfg_.depth) return false;
+  if (push_ && dir == 0) {  // the window: wait for the peer's credits
+    if (p.sent - p.credits * quarter_ >= win_) return false;
+    p.sent++;
+    want_credit(p);
+  }
   if (x->staged && !p.slab) {
     const uint64_t bytes = 2ull * cfg_.depth * cfg_.chunk;
     if (cfg_.device >= 0) {
@@ -570,19 +617,7 @@ bool Engine::post_wire(Chunk* c) {
   const int peer = x->op.peer;
   ssize_t rc;
   std::unique_lock<std::mutex> gate(wire_mu_[c->rail]);  // not during this rail's queue read (engine.h)
-  if (wire_failed_.load()) throw std::runtime_error(wire_error());
-  if (int64_t since = suspect_since_.load()) {  // whose connection tore? (conn_torn)
-    const int64_t now = now_ns();
-    if (now - since < kSettleNs) return false;  // the post is retried
-    if (const int peer = down_now_ ? down_now_() : -1; peer >= 0) {
-      stop_wire("rank " + std::to_string(peer) + " went while its connection was torn down (" + kConnClosed + ")");
-      throw std::runtime_error(wire_error());
-    }
-    // Strangers' up to now - kSettleNs; a tear since then is still unsettled.
-    const int64_t last = last_tear_ns_.load();
-    suspect_since_.compare_exchange_strong(since, now - last < kSettleNs ? last : 0);
-    if (suspect_since_.load()) return false;
-  }
+  if (!gate_open(c->rail)) return false;  // the post is retried
   const uint64_t closes = conn_closes_here();  // a send that connects runs rxm's progress too
   if (x->send())
     rc = fi_tsend(r.ep, buf, c->len, desc, r.addr[peer], wire_tag(cfg_, cfg_.rank, peer, x->seq, c->idx), &c->ctx);
@@ -599,10 +634,111 @@ bool Engine::post_wire(Chunk* c) {
   return true;
 }
 
+// Called under the rail's gate, before a post: false while a torn
+// connection is not yet known to be a stranger's (the post is retried);
+// throws once the wire has stopped.
+bool Engine::gate_open(int /*rail*/) {
+  if (wire_failed_.load()) throw std::runtime_error(wire_error());
+  if (int64_t since = suspect_since_.load()) {  // whose connection tore? (conn_torn)
+    const int64_t now = now_ns();
+    if (now - since < kSettleNs) return false;
+    if (const int peer = down_now_ ? down_now_() : -1; peer >= 0) {
+      stop_wire("rank " + std::to_string(peer) + " went while its connection was torn down (" + kConnClosed + ")");
+      throw std::runtime_error(wire_error());
+    }
+    // Strangers' up to now - kSettleNs; a tear since then is still unsettled.
+    const int64_t last = last_tear_ns_.load();
+    suspect_since_.compare_exchange_strong(since, now - last < kSettleNs ? last : 0);
+    if (suspect_since_.load()) return false;
+  }
+  return true;
+}
+
+// A sender keeps one receive posted for its peer's next credit while one is
+// due: the peer sends credit k once it has consumed k quarters of a window,
+// so credit credits + 1 is due once that many chunks have been started. A
+// credit's tag carries its number (seq) and kCreditIdx, keyed like data.
+void Engine::want_credit(Pair& p) {
+  if (p.credit_posted || p.sent < (p.credits + 1) * quarter_) return;
+  const int rail = rail_of(p.peer, cfg_.rank, 0);  // the peer's direction to us
+  auto* c = new Chunk;
+  c->pair = &p;
+  c->rail = rail;
+  c->len = sizeof c->credit;
+  Rail& r = rails_[rail];
+  std::unique_lock<std::mutex> gate(wire_mu_[rail]);
+  if (!gate_open(rail)) {
+    delete c;
+    return;  // the run loop asks again
+  }
+  const uint64_t closes = conn_closes_here();
+  const ssize_t rc = fi_trecv(r.ep, &c->credit, sizeof c->credit, nullptr, directed_ ? r.addr[p.peer] : FI_ADDR_UNSPEC,
+                              wire_tag(cfg_, p.peer, cfg_.rank, static_cast<uint32_t>(p.credits + 1), kCreditIdx), 0,
+                              &c->ctx);
+  if (const uint64_t now = conn_closes_here(); now != closes) conn_torn(now - closes);
+  gate.unlock();
+  if (rc == -FI_EAGAIN) {
+    delete c;
+    return;
+  }
+  if (rc) {
+    delete c;
+    throw std::runtime_error("posting a credit receive from rank " + std::to_string(p.peer) + ": " +
+                             err_text(static_cast<int>(rc)));
+  }
+  p.credit_posted = true;
+  credits_due_.fetch_add(1);
+  if (r.credit_waits.fetch_add(1, std::memory_order_relaxed) == 0) pump_cv_.notify_all();
+}
+
+// A receiver sends credit k (its number in the tag, k quarters in the
+// payload) once it has consumed k quarters of a window from the peer:
+// injected (no completion to track; rxm copies the 8 bytes at once).
+void Engine::send_credits(Pair& p) {
+  while (p.consumed >= (p.credited + 1) * quarter_) {
+    const uint64_t k = p.credited + 1, val = k * quarter_;
+    const int rail = rail_of(cfg_.rank, p.peer, 0);  // our direction to the peer
+    Rail& r = rails_[rail];
+    std::unique_lock<std::mutex> gate(wire_mu_[rail]);
+    if (!gate_open(rail)) return;  // the run loop sends it later
+    const uint64_t closes = conn_closes_here();
+    const ssize_t rc = fi_tinject(r.ep, &val, sizeof val, r.addr[p.peer],
+                                  wire_tag(cfg_, cfg_.rank, p.peer, static_cast<uint32_t>(k), kCreditIdx));
+    if (const uint64_t now = conn_closes_here(); now != closes) conn_torn(now - closes);
+    gate.unlock();
+    if (rc == -FI_EAGAIN) return;
+    if (rc)
+      throw std::runtime_error("sending a credit to rank " + std::to_string(p.peer) + ": " +
+                               err_text(static_cast<int>(rc)));
+    rails_used_[p.peer].fetch_or(1u << rail);  // it opens the rail's connection, as a send does
+    p.credited = k;
+  }
+}
+
 void Engine::on_wire_done(Chunk* c, uint64_t len) {
+  if (!c->x) {  // a credit arrived
+    Pair& p = *c->pair;
+    rails_[c->rail].credit_waits.fetch_sub(1, std::memory_order_relaxed);
+    credits_due_.fetch_sub(1);
+    const uint64_t k = p.credits + 1;
+    const uint64_t got = c->credit;
+    delete c;
+    if (len != sizeof got || got != k * quarter_)
+      throw std::runtime_error("rank " + std::to_string(p.peer) + " sent a garbled credit (" + std::to_string(len) +
+                               " bytes, " + std::to_string(got) + " chunks where " + std::to_string(k * quarter_) +
+                               " were due)");
+    p.credits = k;
+    p.credit_posted = false;
+    want_credit(p);
+    return;
+  }
   rails_[c->rail].outstanding.fetch_sub(1, std::memory_order_relaxed);
   Xfer* x = c->x;
   const int peer = x->op.peer;
+  if (push_ && !x->send()) {  // its bytes left rxm's hands: one chunk less in the window
+    c->pair->consumed++;
+    send_credits(*c->pair);
+  }
   if (!x->send()) {
     const uint8_t* got = x->staged ? slot_ptr(*c->pair, cfg_, c->slot) : x->op.ptr + c->off;
     if (x->nchunks == 0) {  // chunk 0 of a sized receive: the header says how long the stream is
@@ -691,6 +827,8 @@ static size_t read_cq(fid_cq* cq, std::vector<Done>* out) {
 // What a completion error says, naming the transfer's peer.
 static std::string done_error(const Done& d) {
   const Chunk* c = d.c;
+  if (c && !c->x) return "a credit from rank " + std::to_string(c->pair->peer) + " failed (peer likely dead): " +
+                         err_text(d.err) + (d.prov_errno ? ", provider errno " + std::to_string(d.prov_errno) : "");
   const std::string who = c ? (c->x->send() ? "sending to rank " : "receiving from rank ") + std::to_string(c->x->op.peer)
                             : std::string("a transfer");
   return who + " failed (peer likely dead): " + err_text(d.err) +
@@ -723,7 +861,8 @@ void Engine::pump(int r) {
       // arriving); with none, sleep until the progress thread posts here.
       if (++idle > cfg_.spin) {
         std::unique_lock<std::mutex> lk(pump_mu_);
-        if (rails_[r].outstanding.load(std::memory_order_relaxed) > 0)
+        if (rails_[r].outstanding.load(std::memory_order_relaxed) > 0 ||
+            rails_[r].credit_waits.load(std::memory_order_relaxed) > 0)
           pump_cv_.wait_until(lk, after(std::chrono::microseconds(20)));
         else
           pump_cv_.wait_until(lk, after(std::chrono::milliseconds(2)));
@@ -814,6 +953,10 @@ void Engine::run() {
           } else {
             ++i;
           }
+        }
+        if (push_) {  // credits a gate or the provider deferred
+          want_credit(p);
+          send_credits(p);
         }
         busy |= advance(p, 0);
         busy |= advance(p, 1);
@@ -972,6 +1115,17 @@ void Engine::teardown() {
 
 void Engine::close() {
   std::lock_guard<std::mutex> once(close_mu_);  // a second caller waits for the first
+  // Push: the credits due for what we sent come first (up to kDrainMs).
+  // One unread when our endpoints close makes our kernel reset the
+  // connection, and the peer's kernel would then drop the chunks of ours
+  // it has not read yet. None comes beyond those due.
+  for (int ms = 0; push_ && ms < kDrainMs && credits_due_.load() > 0 && !wire_failed_.load(); ++ms) {
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      if (closed_ || stop_ || !connected_ || !error_.empty()) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
   {
     std::lock_guard<std::mutex> g(mu_);
     stop_ = true;
@@ -1005,6 +1159,9 @@ std::map<std::string, std::string> Engine::info() const {
   m["rails"] = std::to_string(cfg_.rails);
   m["chunk"] = std::to_string(cfg_.chunk);
   m["depth"] = std::to_string(cfg_.depth);
+  m["push"] = push_ ? "eager chunks, a window of " + std::to_string(win_) + " chunks (" +
+                          std::to_string(win_ * cfg_.chunk) + " bytes), rxm eager limit " + std::to_string(eager_limit_)
+                    : "off (rendezvous)";
   m["threads"] = threads_safe_ ? "a pump per rail + progress (FI_THREAD_SAFE)" : "one progress thread";
   m["hmem"] = hmem_ ? "offered (device memory still staged)" : "no";
   m["mr_local"] = mr_local_ ? "yes (host memory staged through registered slots)" : "no";

@@ -43,9 +43,15 @@ struct Op {
 
 struct Config {
   std::string provider;       // "" = auto: shm (one host), efa, verbs;ofi_rxm, tcp (>= 1.18), tcp;ofi_rxm
-  int rails = 2;              // endpoints per peer, chunks striped over them
-  uint64_t chunk = 2 << 20;   // bytes per chunk (and per staging slot)
-  int depth = 4;              // chunks in flight per peer and direction (= staging slots)
+  // 0: the provider's default, resolved once it is chosen (push: 1 rail of 256 KiB chunks; else 2 of 2 MiB).
+  int rails = 0;              // endpoints per peer, chunks striped over them
+  uint64_t chunk = 0;         // bytes per chunk (and per staging slot)
+  int depth = 0;              // chunks in flight per peer and direction (= staging slots; 0: max(4, 2 x rails))
+  // Push (tcp;ofi_rxm only): every chunk travels eagerly, no read request
+  // from the receiver, and a sender may have at most `window` bytes (whole
+  // chunks, 4 at least) beyond those its peer has received: the peer's
+  // credits say how many. -1: 4 MiB where push applies; 0: off (rendezvous).
+  int64_t window = -1;
   bool stage_host = false;    // stage host memory too (what FI_MR_LOCAL providers need; tests the ring on CPU)
   int device = -1;            // GPU ordinal for staging copies (-1: a CPU rank)
   int rank = 0, world = 1;
@@ -99,6 +105,7 @@ class Engine {
   bool quiet();
 
  private:
+  static constexpr uint32_t kCreditIdx = 0xFFFFFF;  // a credit's chunk field: no data chunk has it
   struct Batch {
     int left = 0;
     std::vector<uint64_t> lens;
@@ -111,16 +118,19 @@ class Engine {
     std::string name;
     std::vector<uint64_t> addr;  // fi_addr_t of every rank
     std::atomic<int> outstanding{0};  // posted, not yet completed (its pump naps, not sleeps)
+    std::atomic<int> credit_waits{0};  // credit receives posted (the pump naps for them too; no transfer)
     Rail() = default;
     Rail(const Rail&) : Rail() {}  // for vector::assign before any use
     Rail& operator=(const Rail& o) {
       domain = o.domain, ep = o.ep, cq = o.cq, av = o.av, name = o.name, addr = o.addr;
       outstanding.store(o.outstanding.load());
+      credit_waits.store(o.credit_waits.load());
       return *this;
     }
   };
 
   void open_provider();
+  void resolve(const std::string& prov);  // cfg_ from want_ for a candidate provider
   void open_endpoints();
   void close_endpoints();
   void run();                 // the progress thread
@@ -136,6 +146,9 @@ class Engine {
   void stop_pumps();
   bool poll_copies();
   void fail(const std::string& why);
+  void want_credit(Pair& p);   // a sender's credit receive, posted while a credit is due
+  void send_credits(Pair& p);  // a receiver's credits, one per quarter window consumed
+  bool gate_open(int rail);    // under the rail's gate: may we post now? (false: retry later; throws: wire stopped)
   void stop_wire(const std::string& why);  // post nothing more: the first failure's text is kept
   void conn_torn(uint64_t n);  // rxm tore n connections down in this thread's last call
   void resume_if_explained();  // quiet goodbyes explain every tear so far: no suspicion left
@@ -143,7 +156,12 @@ class Engine {
   void teardown();
   Pair& pair(int peer);
 
-  Config cfg_;
+  Config want_;  // as asked (0: the provider's default)
+  Config cfg_;   // as resolved for the provider in use
+  bool push_ = false;
+  uint32_t win_ = 0, quarter_ = 0;  // push: the window and a credit, in chunks
+  uint64_t eager_limit_ = 0;        // push: rxm's eager limit (FI_OFI_RXM_EAGER_LIMIT)
+  std::atomic<int> credits_due_{0};  // pairs with a credit receive posted (close() lets them come)
   fi_info* info_ = nullptr;
   fid_fabric* fabric_ = nullptr;
   std::vector<Rail> rails_;

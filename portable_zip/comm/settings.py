@@ -68,11 +68,12 @@ class Settings:
     # The fabric's, as given: parsed by fabric() when a fabric is made, so a
     # bad value never breaks a Communicator that does not use it.
     fabric_provider: str = ""        # PZ_FABRIC_PROVIDER: force one ("tcp;ofi_rxm", "efa", "shm", ...)
-    fabric_rails: str = ""           # PZ_FABRIC_RAILS: endpoints per peer (2)
-    fabric_chunk: str = ""           # PZ_FABRIC_CHUNK: bytes per chunk and staging slot (2 MiB)
+    fabric_rails: str = ""           # PZ_FABRIC_RAILS: endpoints per peer (1 under push, else 2)
+    fabric_chunk: str = ""           # PZ_FABRIC_CHUNK: bytes per chunk and staging slot (256 KiB under push, else 2 MiB)
     fabric_depth: str = ""           # PZ_FABRIC_DEPTH: chunks in flight per peer and direction (max(4, 2 x rails))
     fabric_stage: bool = False       # PZ_FABRIC_STAGE=1: stage host memory too
     fabric_spin: str = ""            # PZ_FABRIC_SPIN: idle polls before the progress thread sleeps (2000)
+    fabric_window: str = ""          # PZ_FABRIC_WINDOW: push window in bytes over tcp;ofi_rxm (4 MiB; 0: rendezvous)
     # Where listeners bind (comm/address.py): PZ_IFACE (alias PZ_FABRIC_IFACE), else torch's
     # *_SOCKET_IFNAME, else the route to MASTER_ADDR; loopback when every rank is on one host.
     iface: str = ""                  # PZ_IFACE
@@ -104,6 +105,7 @@ class Settings:
             fabric_depth=env.get("PZ_FABRIC_DEPTH", ""),
             fabric_stage=env.get("PZ_FABRIC_STAGE") == "1",
             fabric_spin=env.get("PZ_FABRIC_SPIN", ""),
+            fabric_window=env.get("PZ_FABRIC_WINDOW", ""),
             iface=env.get("PZ_IFACE") or env.get("PZ_FABRIC_IFACE", ""),
             iface_var="PZ_FABRIC_IFACE" if env.get("PZ_FABRIC_IFACE") and not env.get("PZ_IFACE") else "PZ_IFACE",
             port_range=_port_range(env.get("PZ_PORT_RANGE", "")),
@@ -120,12 +122,15 @@ class Settings:
         return s
 
     def fabric(self) -> tuple:
-        """(provider, rails, chunk, depth, stage, spin) for the engine; ValueError names a bad variable."""
+        """(provider, rails, chunk, depth, stage, spin, window) for the engine; 0 for rails,
+        chunk and depth (-1 for window) leaves the choice to the engine, made
+        for the provider it finds. ValueError names a bad variable."""
         env = {"PZ_FABRIC_RAILS": self.fabric_rails, "PZ_FABRIC_CHUNK": self.fabric_chunk,
-               "PZ_FABRIC_DEPTH": self.fabric_depth, "PZ_FABRIC_SPIN": self.fabric_spin}
-        rails = _int(env, "PZ_FABRIC_RAILS", 2)
-        return (self.fabric_provider, rails, _int(env, "PZ_FABRIC_CHUNK", 2 << 20),
-                _int(env, "PZ_FABRIC_DEPTH", max(4, 2 * rails)), self.fabric_stage, _int(env, "PZ_FABRIC_SPIN", 2000))
+               "PZ_FABRIC_DEPTH": self.fabric_depth, "PZ_FABRIC_SPIN": self.fabric_spin,
+               "PZ_FABRIC_WINDOW": self.fabric_window}
+        return (self.fabric_provider, _int(env, "PZ_FABRIC_RAILS", 0), _int(env, "PZ_FABRIC_CHUNK", 0),
+                _int(env, "PZ_FABRIC_DEPTH", 0), self.fabric_stage, _int(env, "PZ_FABRIC_SPIN", 2000),
+                _int(env, "PZ_FABRIC_WINDOW", -1))
 
 
 # field -> its variable (docs/SETTINGS.md lists each; a test checks). The

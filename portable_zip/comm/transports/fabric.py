@@ -62,11 +62,11 @@ class FabricTransport(Transport):
         if settings.port_range:  # read once per process, by libfabric's tcp provider (rxm's connections)
             os.environ.setdefault("FI_TCP_PORT_LOW_RANGE", str(settings.port_range[0]))
             os.environ.setdefault("FI_TCP_PORT_HIGH_RANGE", str(settings.port_range[1]))
-        provider, rails, chunk, depth, stage, spin = settings.fabric()
+        provider, rails, chunk, depth, stage, spin, window = settings.fabric()
         try:
             self.engine = _C.FabricEngine(provider, rails, chunk, depth, stage,
                                           device.index if device.type == "cuda" else -1, self.rank, self.world,
-                                          same_host, spin, group.secret, bind if ":" not in bind else "")
+                                          same_host, spin, group.secret, bind if ":" not in bind else "", window)
         except RuntimeError as e:
             raise RuntimeError(f"transport='fabric': {e}") from None
         self.info = self.engine.info()

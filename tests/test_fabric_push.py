@@ -1,0 +1,184 @@
+"""Push over tcp;ofi_rxm (the engine's default there): every chunk travels
+eagerly, and a sender stays within a window of chunks its peer has not yet
+received, which the peer's credits reopen. Credits cycle bit-exactly at a
+window of 4 chunks (a credit a chunk), staged and not, both ways at once
+between every pair; a receiver that posts late holds at most a window, not
+what the sender has; a sender that closes at once still delivers; ranks
+whose push settings differ are told so."""
+import os
+import struct
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import comm_harness
+import fabric_workers
+import test_fabric_strangers as strangers
+from portable_zip import _C
+from harness.ranks import ok
+
+pytestmark = pytest.mark.skipif(not _C.has_fabric or bool(_C.fabric_probe()),
+                                reason=f"no fabric transport here: {_C.fabric_probe()}")
+TCP = {"PZ_FABRIC_PROVIDER": "tcp;ofi_rxm"}
+CHUNK = 64 << 10
+
+
+def run(world, fn, *args, env=None, deadline=300.0):
+    return comm_harness.run(world, fn, *args, env={**TCP, **(env or {})}, deadline=deadline)
+
+
+def seed():
+    return int(np.random.default_rng().integers(0, 2**31))
+
+
+def _bytes(seed, src, dst, k, n):
+    return torch.from_numpy(np.random.default_rng([seed, src, dst, k]).integers(0, 256, n, dtype=np.uint8))
+
+
+def both_ways(rank, world, seed, rounds):
+    """Every pair moves several MiB each way at once, `rounds` times, raw
+    through the transport (fresh bytes per round, rank and peer); returns
+    the byte-exact count and the engine's push line."""
+    import portable_zip as pz
+
+    comm = pz.Communicator(compress="never", transport="fabric", timeout=60)
+    rng = np.random.default_rng([seed, 99])
+    exact = 0
+    for k in range(rounds):
+        n = int(rng.integers(3 << 20, 6 << 20)) | 1  # the same size on every rank: one generator
+        works, want = [], []
+        for p in range(world):
+            if p != rank:
+                works.append(comm.isend(_bytes(seed, rank, p, k, n), p))
+                got = torch.empty(n, dtype=torch.uint8)
+                works.append(comm.irecv(got, p))
+                want.append((got, _bytes(seed, p, rank, k, n)))
+        for w in works:
+            w.wait()
+        exact += sum(bool(torch.equal(g, e)) for g, e in want)
+    push = comm.tp.info["push"]
+    comm.close()
+    return exact, push
+
+
+@pytest.mark.parametrize("world,stage", [(2, "0"), (3, "1")])
+def test_credits_cycle_exactly_both_ways(world, stage):
+    env = {"PZ_FABRIC_CHUNK": str(CHUNK), "PZ_FABRIC_WINDOW": str(4 * CHUNK), "PZ_FABRIC_STAGE": stage}
+    res = ok(run(world, both_ways, seed(), 4, env=env))
+    for exact, push in res.values():
+        assert exact == 4 * (world - 1), res
+        assert "a window of 4 chunks" in push, push
+
+
+@pytest.mark.parametrize("world,rails", [(2, 3), (3, 1)])
+def test_staging_ring_edges_under_a_small_window(world, rails):
+    """fabric_workers.staged_edges (every size edge of a 64 KiB chunk, raw and
+    coded, several tensors a peer) with a credit after every chunk."""
+    env = {"PZ_FABRIC_STAGE": "1", "PZ_FABRIC_CHUNK": str(CHUNK), "PZ_FABRIC_RAILS": str(rails),
+           "PZ_FABRIC_DEPTH": "2", "PZ_FABRIC_WINDOW": str(4 * CHUNK)}
+    res = ok(run(world, fabric_workers.staged_edges, seed(), env=env))
+    assert all(n == 2 * 9 * 3 * 2 * (world - 1) for n, _ in res.values()), res
+    assert "a window of 4 chunks" in res[0][1]["push"], res[0][1]
+
+
+def _rss_mb():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+def late_receiver(rank, world, seed, late_s, nbytes):
+    """Rank 0 sends nbytes through the transport; rank 1 posts its receive
+    late_s later. Rank 1 returns how far its memory grew meanwhile and
+    whether the bytes are exact; rank 0, how long its send took."""
+    from portable_zip.comm.deadline import Deadline
+    from portable_zip.comm.group import Group
+    from portable_zip.comm.settings import Settings
+    from portable_zip.comm.transports.fabric import FabricTransport
+    import torch.distributed as dist
+
+    tp = FabricTransport(Group.of(dist.group.WORLD, 60), torch.device("cpu"), Settings.from_env(), False)
+    tp.connect(Deadline(60))
+    tp.wait(tp.post([("send", torch.ones(8, dtype=torch.uint8), 1 - rank),
+                     ("recv", torch.empty(8, dtype=torch.uint8), 1 - rank)]), Deadline(30))  # connected
+    data = _bytes(seed, 0, 1, 0, nbytes)
+    dist.barrier()
+    if rank == 0:
+        t0 = time.monotonic()
+        tp.wait(tp.post([("send", data, 1)]), Deadline(60))
+        out = time.monotonic() - t0
+    else:
+        got = torch.empty(nbytes, dtype=torch.uint8)
+        before = _rss_mb()
+        time.sleep(1.0)
+        mid = _rss_mb()
+        time.sleep(late_s - 1.0)
+        end = _rss_mb()
+        tp.wait(tp.post([("recv", got, 0)]), Deadline(60))
+        out = (mid - before, end - mid, bool(torch.equal(got, data)))
+    dist.barrier()
+    tp.close()
+    return out
+
+
+def test_a_late_receiver_holds_a_window_not_the_stream():
+    """Eager chunks nobody has asked for yet are buffered by rxm at the
+    receiver; without the window a late receiver's memory grows with the
+    time it is late (about 14 MB/s on this VM, 112 MB after 8 s, for a
+    1 GiB send). With a 1 MiB window the sender stops after a window: the
+    receiver grows in its first second (the window and rxm's own
+    allocations: about 17 MB at a window of 1 MiB, 20 at 4) and not after,
+    and the sender's wait ends only after the receive is posted."""
+    late = 5.0
+    res = ok(run(2, late_receiver, seed(), late, 512 << 20,
+                 env={"PZ_FABRIC_CHUNK": str(256 << 10), "PZ_FABRIC_WINDOW": str(1 << 20)}, deadline=120))
+    first, later, exact = res[1]
+    assert exact, res
+    assert later < 6, f"the late receiver grew by {later:.1f} MB over its last {late - 1:.0f} s (first second: {first:.1f})"
+    assert first + later < 40, res
+    assert res[0] > late - 1.0, res
+
+
+def sends_then_closes(rank, world, seed, late_s):
+    """Rank 0's isend completes (eagerly: before rank 1 has asked), then it
+    closes its Communicator and leaves; rank 1 receives late_s later."""
+    import portable_zip as pz
+
+    comm = pz.Communicator(compress="never", transport="fabric", timeout=30)
+    comm.all_reduce(torch.ones(64))
+    data = _bytes(seed, 0, 1, 1, (6 << 20) + 3)
+    if rank == 0:
+        comm.isend(data, 1).wait()
+        comm.close()
+        return "sent"
+    time.sleep(late_s)
+    got = torch.empty_like(data)
+    comm.recv(got, 0)
+    comm.close()
+    return bool(torch.equal(got, data))
+
+
+def test_a_sender_that_closes_at_once_still_delivers():
+    res = ok(run(2, sends_then_closes, seed(), 1.0, env={"PZ_CHECK_PLANS": "0"}, deadline=120))
+    assert res == {0: "sent", 1: True}, res
+
+
+def test_push_settings_that_differ_are_named():
+    """The address carries the window (chunks) and rxm's eager limit after
+    the rails' names: a peer with another window is a clear error, never a
+    connection rxm refuses in silence."""
+    e = strangers._engine(0, 2, os.urandom(16))  # 2 MiB chunks: the 4 MiB window rounds up to 4 chunks
+    try:
+        mine = e.address()
+        assert "window" in e.info()["push"], e.info()
+        win, eager = struct.unpack_from("<IQ", mine, len(mine) - 12)
+        assert win == 4 and eager == int(os.environ.get("FI_OFI_RXM_EAGER_LIMIT", 1 << 20)), (win, eager)
+        other = mine[:-12] + struct.pack("<IQ", win * 2, eager)
+        with pytest.raises(ValueError, match="push settings differ between rank 1 and rank 0"):
+            e.connect([mine, other])
+    finally:
+        e.close()
