@@ -129,6 +129,7 @@ def main() -> None:
     print(f"gloo all_reduce {_median(gloo[0]['ms'])} ms", flush=True)
     if a.json:
         write_json(a.json, runs, {"gloo_all_reduce_ms": gloo[0]["ms"], "mb": a.mb, "gbit": a.gbit,
+                                  "fabric_env": {k: v for k, v in os.environ.items() if k.startswith(("PZ_FABRIC", "FI_"))},
                                   "what": "two ranks in two network namespaces over a tbf-shaped link, CPU "
                                           "tensors: the fabric transport one way and both ways at once (rank 0's "
                                           "[send, receive] finish times), and a two-rank all_reduce of fp32, ms"})

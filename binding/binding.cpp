@@ -468,6 +468,10 @@ NB_MODULE(_C, m) {
         nb::gil_scoped_release release;
         e.abort(why);
       })
+      .def("drain", [](Engine& e, double timeout_s) {
+        nb::gil_scoped_release release;
+        return e.drain(timeout_s);
+      })
       .def("close", [](Engine& e) {
         nb::gil_scoped_release release;
         e.close();

@@ -3,8 +3,9 @@ eagerly, and a sender stays within a window of chunks its peer has not yet
 received, which the peer's credits reopen. Credits cycle bit-exactly at a
 window of 4 chunks (a credit a chunk), staged and not, both ways at once
 between every pair; a receiver that posts late holds at most a window, not
-what the sender has; a sender that closes at once still delivers; ranks
-whose push settings differ are told so."""
+what the sender has; a sender that closes before its peer receives still
+delivers, and one whose peer leaves without receiving closes at once;
+ranks whose push settings differ are told so."""
 import os
 import struct
 import time
@@ -143,28 +144,52 @@ def test_a_late_receiver_holds_a_window_not_the_stream():
     assert res[0] > late - 1.0, res
 
 
-def sends_then_closes(rank, world, seed, late_s):
-    """Rank 0's isend completes (eagerly: before rank 1 has asked), then it
-    closes its Communicator and leaves; rank 1 receives late_s later."""
+def sends_then_closes(rank, world, seed, late_s, receive):
+    """Through the Communicator's own transport (the watch included): rank 0
+    sends 3 MiB (12 eager chunks inside the 4 MiB window, so its wait ends
+    before rank 1 has asked) and closes at once; rank 1, late_s later,
+    receives them (receive) or closes without. Returns rank 0's send and
+    close times, rank 1's exactness."""
     import portable_zip as pz
+    from portable_zip.comm.deadline import Deadline
 
     comm = pz.Communicator(compress="never", transport="fabric", timeout=30)
     comm.all_reduce(torch.ones(64))
-    data = _bytes(seed, 0, 1, 1, (6 << 20) + 3)
+    data = _bytes(seed, 0, 1, 1, 3 << 20)
     if rank == 0:
-        comm.isend(data, 1).wait()
+        t0 = time.monotonic()
+        comm.tp.wait(comm.tp.post([("send", data, 1)]), Deadline(30))
+        t1 = time.monotonic()
         comm.close()
-        return "sent"
+        return t1 - t0, time.monotonic() - t1
     time.sleep(late_s)
-    got = torch.empty_like(data)
-    comm.recv(got, 0)
+    out = None
+    if receive:
+        got = torch.empty_like(data)
+        comm.tp.wait(comm.tp.post([("recv", got, 0)]), Deadline(30))
+        out = bool(torch.equal(got, data))
     comm.close()
-    return bool(torch.equal(got, data))
+    return out
 
 
-def test_a_sender_that_closes_at_once_still_delivers():
-    res = ok(run(2, sends_then_closes, seed(), 1.0, env={"PZ_CHECK_PLANS": "0"}, deadline=120))
-    assert res == {0: "sent", 1: True}, res
+def test_a_sender_that_closes_before_its_peer_receives_still_delivers():
+    """Its close waits for the credits due (drain): one left unread when its
+    endpoints close would reset the connection and drop what the peer has
+    not read. They come once rank 1 receives."""
+    late = 2.0
+    res = ok(run(2, sends_then_closes, seed(), late, True, env={"PZ_CHECK_PLANS": "0"}, deadline=120))
+    (send_s, close_s), exact = res[0], res[1]
+    assert exact, res
+    assert send_s < late / 2, f"the send waited {send_s:.2f} s for a receiver {late} s late: not pushed"
+    assert late / 2 < close_s < late + 3, res
+
+
+def test_a_peer_that_leaves_without_receiving_owes_no_credits():
+    """Rank 1 closes without receiving: its goodbye ends rank 0's drain, not the 5 s bound."""
+    late = 1.0
+    res = ok(run(2, sends_then_closes, seed(), late, False, env={"PZ_CHECK_PLANS": "0"}, deadline=120))
+    send_s, close_s = res[0]
+    assert send_s < late / 2 and close_s < late + 2.5, res
 
 
 def test_push_settings_that_differ_are_named():
@@ -180,5 +205,23 @@ def test_push_settings_that_differ_are_named():
         other = mine[:-12] + struct.pack("<IQ", win * 2, eager)
         with pytest.raises(ValueError, match="push settings differ between rank 1 and rank 0"):
             e.connect([mine, other])
+    finally:
+        e.close()
+
+
+def test_a_later_engine_without_push_keeps_rxm_default():
+    """The eager limit is set only while a push engine's endpoints open: an
+    engine without push made later in the process sends large chunks by
+    rendezvous (rxm's 16 KiB limit, in its address), never eagerly without
+    a window."""
+    if "FI_OFI_RXM_EAGER_LIMIT" in os.environ:
+        pytest.skip("the user's FI_OFI_RXM_EAGER_LIMIT decides here")
+    first = strangers._engine(0, 2, os.urandom(16))
+    first.close()
+    e = _C.FabricEngine(strangers.PROVIDER, 2, 2 << 20, 4, False, -1, 0, 2, True, 2000, os.urandom(16), "", window=0)
+    try:
+        a = e.address()
+        assert struct.unpack_from("<IQ", a, len(a) - 12) == (0, 16384), a[-12:]
+        assert e.info()["push"].startswith("off"), e.info()
     finally:
         e.close()

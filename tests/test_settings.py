@@ -22,7 +22,9 @@ def test_defaults_and_values_from_the_given_environment():
                                     "PZ_LINK_GBPS": "0.5", "PZ_FABRIC_STAGE": "1", "PZ_TRACE": "0"})
     assert (s.timeout, s.check_plans, s.wave_bytes, s.piece_bytes, s.max_sms, s.link_gbps, s.fabric_stage,
             s.trace) == ("7.5", True, 65536, 4096, 3, 0.5, True, False)
-    assert s.fabric() == ("", 4, 2 << 20, 8, True, 2000)  # depth follows the rails: max(4, 2 x rails)
+    # 0 (-1 for the window): the engine's default for the provider it finds
+    # (push over tcp;ofi_rxm: 256 KiB chunks; else 2 MiB; depth max(4, 2 x rails))
+    assert s.fabric() == ("", 4, 0, 0, True, 2000, -1)
     assert settings.Settings.from_env({"PZ_FABRIC_DEPTH": "3"}).fabric()[3] == 3
 
 
@@ -33,11 +35,18 @@ def test_bad_values_name_the_variable(name, value):
         settings.Settings.from_env({name: value})
 
 
-@pytest.mark.parametrize("name", ["PZ_FABRIC_RAILS", "PZ_FABRIC_CHUNK", "PZ_FABRIC_DEPTH", "PZ_FABRIC_SPIN"])
+@pytest.mark.parametrize("name", ["PZ_FABRIC_RAILS", "PZ_FABRIC_CHUNK", "PZ_FABRIC_DEPTH", "PZ_FABRIC_SPIN",
+                                  "PZ_FABRIC_WINDOW"])
 def test_bad_fabric_values_raise_only_where_a_fabric_is_made(name):
     s = settings.Settings.from_env({name: "two"})  # a Communicator without the fabric never parses them
     with pytest.raises(ValueError, match=name):
         s.fabric()
+
+
+@pytest.mark.parametrize("name", ["PZ_FABRIC_RAILS", "PZ_FABRIC_CHUNK", "PZ_FABRIC_DEPTH"])
+def test_a_zero_fabric_size_is_no_default(name):
+    with pytest.raises(ValueError, match=f"{name} must be a positive integer"):
+        settings.Settings.from_env({name: "0"}).fabric()
 
 
 @pytest.mark.parametrize("name, value, arg", [("PZ_LINK_GBPS", "-5", "link_gbps"), ("PZ_LINK_GBPS", "inf", "link_gbps"),

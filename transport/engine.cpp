@@ -106,17 +106,32 @@ int64_t now_ns() {
 // death the watch names within kStrangerNs of a tear stops the wire too,
 // whatever quiet goodbyes explained meanwhile.
 constexpr int64_t kSettleNs = 2'000'000;
-constexpr int kDrainMs = 5000;  // close(): how long credits due may take
 constexpr int64_t kStrangerNs = 3'000'000'000;
 
-// rxm's dynamic receive buffers (FI_OFI_RXM_ENABLE_DYN_RBUF, on by default
-// over tcp), unless the user turned them off.
-bool rxm_dynamic_rbuf() {
-  const char* v = std::getenv("FI_OFI_RXM_ENABLE_DYN_RBUF");
+// An rxm switch that is on unless the user turned it off.
+bool rxm_on(const char* name) {
+  const char* v = std::getenv(name);
   if (!v) return true;
   std::string s(v);
   for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return !(s == "0" || s == "false" || s == "no" || s == "off" || s == "n" || s == "f");
+}
+
+// rxm's dynamic receive buffers (FI_OFI_RXM_ENABLE_DYN_RBUF, on by default over tcp).
+bool rxm_dynamic_rbuf() { return rxm_on("FI_OFI_RXM_ENABLE_DYN_RBUF"); }
+
+// The eager limit rxm 1.17 gives an endpoint opened now (rxm_ep_init_proto):
+// its bounce-buffer size, raised to FI_OFI_RXM_EAGER_LIMIT only with
+// dynamic receive buffers and direct send (both on by default over tcp).
+// rxm refuses a connection between endpoints whose limits differ.
+uint64_t rxm_eager_limit() {
+  auto num = [](const char* name, uint64_t dflt) -> uint64_t {
+    const char* v = std::getenv(name);
+    return v ? std::strtoull(v, nullptr, 10) : dflt;
+  };
+  const uint64_t buf = num("FI_OFI_RXM_BUFFER_SIZE", 16384);
+  if (!rxm_dynamic_rbuf() || !rxm_on("FI_OFI_RXM_ENABLE_DIRECT_SEND")) return buf;
+  return std::max(buf, num("FI_OFI_RXM_EAGER_LIMIT", buf));
 }
 
 }  // namespace
@@ -196,6 +211,7 @@ Engine::Engine(const Config& cfg) : want_(cfg), cfg_(cfg) {
     throw std::invalid_argument("PZ_FABRIC_WINDOW must be 0 (off) to 1 TiB");
   if (cfg_.world > 0xFFFF) throw std::invalid_argument("the fabric transport supports up to 65535 ranks");
   rails_used_ = std::make_unique<std::atomic<uint32_t>[]>(static_cast<size_t>(std::max(cfg_.world, 1)));  // zeroed
+  gone_peer_ = std::make_unique<std::atomic<uint8_t>[]>(static_cast<size_t>(std::max(cfg_.world, 1)));
   lib();  // throws with the library's install hint
   open_provider();
   send_seq_.assign(cfg_.world, 0);
@@ -263,20 +279,29 @@ void Engine::open_provider() {
     info_ = L.dupinfo(got);  // the first match only
     trust_quiet_ = prov == "tcp;ofi_rxm" && rxm_dynamic_rbuf();
     L.freeinfo(got);
-    push_ = push_ && !(info_->domain_attr->mr_mode & FI_MR_LOCAL);  // credits land in unregistered memory
-    // rxm reads its eager limit as each endpoint opens; it sizes no buffer
-    // (1.17's bounce buffers follow FI_OFI_RXM_BUFFER_SIZE). One value on
-    // every rank (rxm refuses a connection across two): chunks up to 1 MiB
-    // travel eagerly, larger ones by rendezvous.
-    if (push_ && !std::getenv("FI_OFI_RXM_EAGER_LIMIT")) setenv("FI_OFI_RXM_EAGER_LIMIT", "1048576", 0);
-    if (push_) eager_limit_ = std::strtoull(std::getenv("FI_OFI_RXM_EAGER_LIMIT"), nullptr, 10);
+    // Push needs eager chunks: rxm honours an eager limit of ours only with
+    // dynamic receive buffers and direct send; credits land in unregistered memory.
+    push_ = push_ && !(info_->domain_attr->mr_mode & FI_MR_LOCAL) && rxm_dynamic_rbuf() &&
+            rxm_on("FI_OFI_RXM_ENABLE_DIRECT_SEND");
+    if (!push_) win_ = quarter_ = 0;
     fi_info* h = nullptr;
     hmem_ = query(prov, true, &h, FI_THREAD_DOMAIN, directed_) == 0 && h;
     if (h) L.freeinfo(h);
+    // rxm reads its eager limit as each endpoint opens and sizes no buffer
+    // by it (1.17's bounce buffers follow FI_OFI_RXM_BUFFER_SIZE). Ours,
+    // unless the user set one: 1 MiB, so chunks up to that travel eagerly,
+    // set only while our endpoints open (a later engine without push keeps
+    // rxm's default). The limit travels in our address: ranks that differ
+    // are told so at connect, not refused by rxm in silence.
+    const bool ours = push_ && !std::getenv("FI_OFI_RXM_EAGER_LIMIT");
+    if (ours) setenv("FI_OFI_RXM_EAGER_LIMIT", "1048576", 0);
+    eager_limit_ = prov == "tcp;ofi_rxm" ? rxm_eager_limit() : 0;
     try {
       open_endpoints();
+      if (ours) unsetenv("FI_OFI_RXM_EAGER_LIMIT");
       break;
     } catch (const std::exception& e) {  // listed but unusable here (shm without CMA rights): the next one
+      if (ours) unsetenv("FI_OFI_RXM_EAGER_LIMIT");
       tried += "\n  " + prov + ": " + e.what();
       close_endpoints();
     }
@@ -395,14 +420,14 @@ void Engine::connect(const std::vector<std::string>& addrs) {
       auto prov = [](const std::string& s) { return std::string(s.c_str() + 4); };
       throw std::invalid_argument("fabric settings differ: rank " + std::to_string(j) + " uses provider '" + prov(a) +
                                   "' with its rails/chunk/depth, rank " + std::to_string(cfg_.rank) + " '" +
-                                  prov(mine) + "' (set PZ_FABRIC_PROVIDER, PZ_FABRIC_RAILS, PZ_FABRIC_CHUNK and "
-                                  "PZ_FABRIC_DEPTH alike on every rank)");
+                                  prov(mine) + "' (set PZ_FABRIC_PROVIDER, PZ_FABRIC_RAILS, PZ_FABRIC_CHUNK, "
+                                  "PZ_FABRIC_DEPTH and PZ_FABRIC_WINDOW alike on every rank)");
     }
     if (a.size() != mine.size()) throw std::runtime_error("rank " + std::to_string(j) + " sent a truncated address");
     if (a.compare(a.size() - kAddrTail, kAddrTail, mine, mine.size() - kAddrTail, kAddrTail) != 0)
       throw std::invalid_argument("fabric push settings differ between rank " + std::to_string(j) + " and rank " +
                                   std::to_string(cfg_.rank) +
-                                  " (set PZ_FABRIC_WINDOW and FI_OFI_RXM_EAGER_LIMIT alike on every rank)");
+                                  " (set PZ_FABRIC_WINDOW and the FI_OFI_RXM_* variables alike on every rank)");
   }
   const size_t nlen = rails_[0].name.size();
   for (int r = 0; r < cfg_.rails; ++r) {
@@ -687,7 +712,6 @@ void Engine::want_credit(Pair& p) {
                              err_text(static_cast<int>(rc)));
   }
   p.credit_posted = true;
-  credits_due_.fetch_add(1);
   if (r.credit_waits.fetch_add(1, std::memory_order_relaxed) == 0) pump_cv_.notify_all();
 }
 
@@ -695,6 +719,7 @@ void Engine::want_credit(Pair& p) {
 // payload) once it has consumed k quarters of a window from the peer:
 // injected (no completion to track; rxm copies the 8 bytes at once).
 void Engine::send_credits(Pair& p) {
+  if (gone_peer_[p.peer].load()) return;  // it said goodbye or died: no one reads them
   while (p.consumed >= (p.credited + 1) * quarter_) {
     const uint64_t k = p.credited + 1, val = k * quarter_;
     const int rail = rail_of(cfg_.rank, p.peer, 0);  // our direction to the peer
@@ -719,7 +744,7 @@ void Engine::on_wire_done(Chunk* c, uint64_t len) {
   if (!c->x) {  // a credit arrived
     Pair& p = *c->pair;
     rails_[c->rail].credit_waits.fetch_sub(1, std::memory_order_relaxed);
-    credits_due_.fetch_sub(1);
+    rails_used_[p.peer].fetch_or(1u << c->rail);  // a receive came over the rail's connection
     const uint64_t k = p.credits + 1;
     const uint64_t got = c->credit;
     delete c;
@@ -963,6 +988,12 @@ void Engine::run() {
       }
       busy |= poll_copies();
       busy |= poll_cqs();
+      if (push_) {  // the credits still due from peers still here, for drain()
+        int64_t due = 0;
+        for (auto& kv : pairs_)
+          if (!gone_peer_[kv.first].load()) due += static_cast<int64_t>(kv.second->sent / quarter_ - kv.second->credits);
+        credits_due_.store(due);
+      }
       // Spin while data moves (tcp and rxm progress inside fi_cq_read), then
       // back off to sleeps of up to 0.5 ms: a thread spinning on a shared core
       // would starve the very ranks it waits for (PZ_FABRIC_SPIN: polls first).
@@ -1017,6 +1048,7 @@ void Engine::resume_if_explained() {
 }
 
 void Engine::peer_gone(int peer, bool quiet) {
+  if (peer >= 0 && peer < cfg_.world) gone_peer_[peer].store(1);  // no credits to or from it any more
   if (quiet && trust_quiet_) {
     uint64_t used = 0;  // the rails whose connection to it can tear
     const uint32_t bits = peer >= 0 && peer < cfg_.world ? rails_used_[peer].load() : (1u << cfg_.rails) - 1;
@@ -1113,19 +1145,25 @@ void Engine::teardown() {
   order_event_ = copy_stream_ = nullptr;
 }
 
-void Engine::close() {
-  std::lock_guard<std::mutex> once(close_mu_);  // a second caller waits for the first
-  // Push: the credits due for what we sent come first (up to kDrainMs).
-  // One unread when our endpoints close makes our kernel reset the
-  // connection, and the peer's kernel would then drop the chunks of ours
-  // it has not read yet. None comes beyond those due.
-  for (int ms = 0; push_ && ms < kDrainMs && credits_due_.load() > 0 && !wire_failed_.load(); ++ms) {
+bool Engine::drain(double timeout_s) {
+  if (!push_) return true;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  // The progress thread's count is from a pass after every send started
+  // before this call: wait one pass for it first.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  while (credits_due_.load() > 0) {
     {
       std::lock_guard<std::mutex> g(mu_);
-      if (closed_ || stop_ || !connected_ || !error_.empty()) break;
+      if (closed_ || stop_ || !connected_ || !error_.empty() || wire_failed_.load()) return false;
     }
+    if (std::chrono::steady_clock::now() >= until) return false;
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
+  return true;
+}
+
+void Engine::close() {
+  std::lock_guard<std::mutex> once(close_mu_);  // a second caller waits for the first
   {
     std::lock_guard<std::mutex> g(mu_);
     stop_ = true;

@@ -103,6 +103,11 @@ class Engine {
   void peer_gone(int peer, bool quiet);
   // Nothing posted is still in flight and nothing failed: this rank's goodbye says so.
   bool quiet();
+  // Push: waits up to timeout_s for the credits due for what this rank sent
+  // to peers still here (false: some did not come), before close(). A
+  // credit left unread when the endpoints close makes this host's kernel
+  // reset the connection, and the peer's would drop what it has not read yet.
+  bool drain(double timeout_s);
 
  private:
   static constexpr uint32_t kCreditIdx = 0xFFFFFF;  // a credit's chunk field: no data chunk has it
@@ -161,7 +166,8 @@ class Engine {
   bool push_ = false;
   uint32_t win_ = 0, quarter_ = 0;  // push: the window and a credit, in chunks
   uint64_t eager_limit_ = 0;        // push: rxm's eager limit (FI_OFI_RXM_EAGER_LIMIT)
-  std::atomic<int> credits_due_{0};  // pairs with a credit receive posted (close() lets them come)
+  std::atomic<int64_t> credits_due_{0};  // credits due from peers still here (the progress thread's count, for drain())
+  std::unique_ptr<std::atomic<uint8_t>[]> gone_peer_;  // per peer: said goodbye or died (peer_gone)
   fi_info* info_ = nullptr;
   fid_fabric* fabric_ = nullptr;
   std::vector<Rail> rails_;

@@ -161,5 +161,6 @@ class Watched(Transport):
         self.inner.abort(why)
 
     def close(self) -> None:
+        self.inner.drain()  # while the watch still hears goodbyes: a peer that left owes no credits
         self.close_watch()
-        self.inner.close()
+        self.inner.close(drain=False)

@@ -128,6 +128,9 @@ class Settings:
         env = {"PZ_FABRIC_RAILS": self.fabric_rails, "PZ_FABRIC_CHUNK": self.fabric_chunk,
                "PZ_FABRIC_DEPTH": self.fabric_depth, "PZ_FABRIC_SPIN": self.fabric_spin,
                "PZ_FABRIC_WINDOW": self.fabric_window}
+        for name in ("PZ_FABRIC_RAILS", "PZ_FABRIC_CHUNK", "PZ_FABRIC_DEPTH"):  # 0 is the engine's "its default"
+            if env[name] and _int(env, name, 0) < 1:
+                raise ValueError(f"{name} must be a positive integer, got {env[name]!r}")
         return (self.fabric_provider, _int(env, "PZ_FABRIC_RAILS", 0), _int(env, "PZ_FABRIC_CHUNK", 0),
                 _int(env, "PZ_FABRIC_DEPTH", 0), self.fabric_stage, _int(env, "PZ_FABRIC_SPIN", 2000),
                 _int(env, "PZ_FABRIC_WINDOW", -1))

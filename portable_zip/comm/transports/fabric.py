@@ -23,6 +23,7 @@ from .base import RECV, RECV_SIZED, SEND, SEND_SIZED, Op, Transport, TransportCo
 
 _HOST = torch.device("cpu")
 _KIND = {SEND: 0, RECV: 1, SEND_SIZED: 2, RECV_SIZED: 3}  # the engine's op codes
+DRAIN_S = 5.0  # close(): how long credits due may take to arrive (push)
 # Control (or spec) then one round per wave. Host time per exchange: a
 # compressed 32-64 MiB send over tcp;ofi_rxm between two ranks on one H200
 # took ~2 ms more than ratio x raw (16 MiB: 1.2 ms; h200-fabric-auto.json,
@@ -122,5 +123,13 @@ class FabricTransport(Transport):
     def abort(self, why: str) -> None:
         self.engine.abort(why)
 
-    def close(self) -> None:
+    def drain(self) -> None:
+        """Push: let the credits due for what this rank sent arrive (at most
+        DRAIN_S; a peer that said goodbye owes none), so none is unread when
+        the endpoints close (engine.h, drain)."""
+        self.engine.drain(DRAIN_S)
+
+    def close(self, drain: bool = True) -> None:
+        if drain:
+            self.drain()
         self.engine.close()
