@@ -77,7 +77,7 @@ def main() -> None:
     for w in a.windows.split(","):
         win = parse_size(w) if w != "0" else 0
         env = {**os.environ, "PZ_FABRIC_PROVIDER": "tcp;ofi_rxm", "PZ_FABRIC_WINDOW": str(win), "OMP_NUM_THREADS": "1"}
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29631",
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                os.path.abspath(__file__), "--worker", str(a.mb << 20), str(a.late)]
         out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
         got = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]

@@ -6,9 +6,13 @@ between every pair; a receiver that posts late holds at most a window, not
 what the sender has; a sender that closes before its peer receives still
 delivers, and one whose peer leaves without receiving closes at once;
 ranks whose push settings differ are told so."""
+import json
 import os
 import struct
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -84,64 +88,26 @@ def test_staging_ring_edges_under_a_small_window(world, rails):
     assert "a window of 4 chunks" in res[0][1]["push"], res[0][1]
 
 
-def _rss_mb():
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS"):
-                return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS")
-
-
-def late_receiver(rank, world, seed, late_s, nbytes):
-    """Rank 0 sends nbytes through the transport; rank 1 posts its receive
-    late_s later. Rank 1 returns how far its memory grew meanwhile and
-    whether the bytes are exact; rank 0, how long its send took."""
-    from portable_zip.comm.deadline import Deadline
-    from portable_zip.comm.group import Group
-    from portable_zip.comm.settings import Settings
-    from portable_zip.comm.transports.fabric import FabricTransport
-    import torch.distributed as dist
-
-    tp = FabricTransport(Group.of(dist.group.WORLD, 60), torch.device("cpu"), Settings.from_env(), False)
-    tp.connect(Deadline(60))
-    tp.wait(tp.post([("send", torch.ones(8, dtype=torch.uint8), 1 - rank),
-                     ("recv", torch.empty(8, dtype=torch.uint8), 1 - rank)]), Deadline(30))  # connected
-    data = _bytes(seed, 0, 1, 0, nbytes)
-    dist.barrier()
-    if rank == 0:
-        t0 = time.monotonic()
-        tp.wait(tp.post([("send", data, 1)]), Deadline(60))
-        out = time.monotonic() - t0
-    else:
-        got = torch.empty(nbytes, dtype=torch.uint8)
-        before = _rss_mb()
-        time.sleep(1.0)
-        mid = _rss_mb()
-        time.sleep(late_s - 1.0)
-        end = _rss_mb()
-        tp.wait(tp.post([("recv", got, 0)]), Deadline(60))
-        out = (mid - before, end - mid, bool(torch.equal(got, data)))
-    dist.barrier()
-    tp.close()
-    return out
-
-
-def test_a_late_receiver_holds_a_window_not_the_stream():
+def test_a_late_receiver_holds_a_window_not_the_stream(tmp_path):
     """Eager chunks nobody has asked for yet are buffered by rxm at the
     receiver; without the window a late receiver's memory grows with the
     time it is late (about 14 MB/s on this VM, 112 MB after 8 s, for a
     1 GiB send). With a 1 MiB window the sender stops after a window: the
     receiver grows in its first second (the window and rxm's own
     allocations: about 17 MB at a window of 1 MiB, 20 at 4) and not after,
-    and the sender's wait ends only after the receive is posted."""
+    and the sender's wait ends only after the receive is posted. Measured by
+    bench/late_receiver.py (which also runs wider windows)."""
     late = 5.0
-    res = ok(run(2, late_receiver, seed(), late, 512 << 20,
-                 env={"PZ_FABRIC_CHUNK": str(256 << 10), "PZ_FABRIC_WINDOW": str(1 << 20)}, deadline=120))
-    first, later, exact = res[1]
-    assert exact, res
-    assert later < 6, f"the late receiver grew by {later:.1f} MB over its last {late - 1:.0f} s (first second: {first:.1f})"
-    assert first + later < 40, res
-    assert res[0] > late - 1.0, res
+    bench = Path(__file__).resolve().parents[1] / "bench" / "late_receiver.py"
+    out = tmp_path / "late.json"
+    r = subprocess.run([sys.executable, "-P", str(bench), "--mb", "512", "--late", str(late), "--windows", "1MiB",
+                        "--json", str(out)], capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    row = json.loads(out.read_text())["rows"][0]
+    assert row["exact"] and "a window of 4 chunks" in row["push"], row
+    assert row["later_mb"] < 6, f"the late receiver grew by {row['later_mb']:.1f} MB over its last {late - 1:.0f} s"
+    assert row["first_s_mb"] + row["later_mb"] < 40, row
+    assert row["send_s"] > late - 1.0, row
 
 
 def sends_then_closes(rank, world, seed, late_s, receive):
