@@ -187,7 +187,23 @@ def test_a_later_engine_without_push_keeps_rxm_default():
     e = _C.FabricEngine(strangers.PROVIDER, 2, 2 << 20, 4, False, -1, 0, 2, True, 2000, os.urandom(16), "", window=0)
     try:
         a = e.address()
-        assert struct.unpack_from("<IQ", a, len(a) - 12) == (0, 16384), a[-12:]
+        rxm_default = int(os.environ.get("FI_OFI_RXM_BUFFER_SIZE", 16384))  # rxm's eager limit: its buffer size
+        assert struct.unpack_from("<IQ", a, len(a) - 12) == (0, rxm_default), a[-12:]
         assert e.info()["push"].startswith("off"), e.info()
     finally:
         e.close()
+
+
+def test_without_rxm_eager_sends_the_engine_keeps_rendezvous_defaults(monkeypatch):
+    """rxm sends our chunks eagerly only with dynamic receive buffers and
+    direct send: with either off, push is off and the defaults are
+    rendezvous's (2 rails of 2 MiB), not push's one rail of 256 KiB."""
+    for var in ("FI_OFI_RXM_ENABLE_DYN_RBUF", "FI_OFI_RXM_ENABLE_DIRECT_SEND"):
+        with monkeypatch.context() as m:
+            m.setenv(var, "0")
+            e = _C.FabricEngine(strangers.PROVIDER, 0, 0, 0, False, -1, 0, 2, True, 2000, os.urandom(16), "")
+            try:
+                info = e.info()
+                assert info["push"].startswith("off") and (info["rails"], info["chunk"]) == ("2", str(2 << 20)), info
+            finally:
+                e.close()

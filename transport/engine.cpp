@@ -279,11 +279,9 @@ void Engine::open_provider() {
     info_ = L.dupinfo(got);  // the first match only
     trust_quiet_ = prov == "tcp;ofi_rxm" && rxm_dynamic_rbuf();
     L.freeinfo(got);
-    // Push needs eager chunks: rxm honours an eager limit of ours only with
-    // dynamic receive buffers and direct send; credits land in unregistered memory.
-    push_ = push_ && !(info_->domain_attr->mr_mode & FI_MR_LOCAL) && rxm_dynamic_rbuf() &&
-            rxm_on("FI_OFI_RXM_ENABLE_DIRECT_SEND");
-    if (!push_) win_ = quarter_ = 0;
+    // Credits land in unregistered memory: a provider that wants it
+    // registered gets the defaults without push.
+    if (push_ && (info_->domain_attr->mr_mode & FI_MR_LOCAL)) resolve(prov, false);
     fi_info* h = nullptr;
     hmem_ = query(prov, true, &h, FI_THREAD_DOMAIN, directed_) == 0 && h;
     if (h) L.freeinfo(h);
@@ -293,6 +291,9 @@ void Engine::open_provider() {
     // set only while our endpoints open (a later engine without push keeps
     // rxm's default). The limit travels in our address: ranks that differ
     // are told so at connect, not refused by rxm in silence.
+    // One engine at a time between set and unset (process groups may be made on several threads).
+    static std::mutex env_mu;
+    std::unique_lock<std::mutex> env_lock(env_mu);
     const bool ours = push_ && !std::getenv("FI_OFI_RXM_EAGER_LIMIT");
     if (ours) setenv("FI_OFI_RXM_EAGER_LIMIT", "1048576", 0);
     eager_limit_ = prov == "tcp;ofi_rxm" ? rxm_eager_limit() : 0;
@@ -330,8 +331,10 @@ void Engine::open_provider() {
 // set and the read request of a rendezvous would queue behind the
 // receiver's own bulk data on a link that binds (bench/NOTES.md, seventh
 // and ninth sessions): tcp;ofi_rxm.
-void Engine::resolve(const std::string& prov) {
-  push_ = want_.window != 0 && prov == "tcp;ofi_rxm";
+void Engine::resolve(const std::string& prov, bool may_push) {
+  // rxm sends our chunks eagerly only with dynamic receive buffers and direct send.
+  push_ = may_push && want_.window != 0 && prov == "tcp;ofi_rxm" && rxm_dynamic_rbuf() &&
+          rxm_on("FI_OFI_RXM_ENABLE_DIRECT_SEND");
   cfg_.rails = want_.rails ? want_.rails : push_ ? 1 : 2;
   cfg_.chunk = want_.chunk ? want_.chunk : push_ ? (256u << 10) : (2u << 20);
   cfg_.depth = want_.depth ? want_.depth : std::max(4, 2 * cfg_.rails);
@@ -993,6 +996,7 @@ void Engine::run() {
         for (auto& kv : pairs_)
           if (!gone_peer_[kv.first].load()) due += static_cast<int64_t>(kv.second->sent / quarter_ - kv.second->credits);
         credits_due_.store(due);
+        passes_.fetch_add(1);
       }
       // Spin while data moves (tcp and rxm progress inside fi_cq_read), then
       // back off to sleeps of up to 0.5 ms: a thread spinning on a shared core
@@ -1148,10 +1152,9 @@ void Engine::teardown() {
 bool Engine::drain(double timeout_s) {
   if (!push_) return true;
   const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
-  // The progress thread's count is from a pass after every send started
-  // before this call: wait one pass for it first.
-  std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  while (credits_due_.load() > 0) {
+  // Trust only a count from a pass that began after this call: two passes on.
+  const uint64_t first = passes_.load();
+  while (passes_.load() < first + 2 || credits_due_.load() > 0) {
     {
       std::lock_guard<std::mutex> g(mu_);
       if (closed_ || stop_ || !connected_ || !error_.empty() || wire_failed_.load()) return false;

@@ -135,7 +135,7 @@ class Engine {
   };
 
   void open_provider();
-  void resolve(const std::string& prov);  // cfg_ from want_ for a candidate provider
+  void resolve(const std::string& prov, bool may_push = true);  // cfg_ from want_ for a candidate provider
   void open_endpoints();
   void close_endpoints();
   void run();                 // the progress thread
@@ -166,6 +166,7 @@ class Engine {
   bool push_ = false;
   uint32_t win_ = 0, quarter_ = 0;  // push: the window and a credit, in chunks
   uint64_t eager_limit_ = 0;        // push: rxm's eager limit (FI_OFI_RXM_EAGER_LIMIT)
+  std::atomic<uint64_t> passes_{0};       // progress-thread passes that stored credits_due_
   std::atomic<int64_t> credits_due_{0};  // credits due from peers still here (the progress thread's count, for drain())
   std::unique_ptr<std::atomic<uint8_t>[]> gone_peer_;  // per peer: said goodbye or died (peer_gone)
   fi_info* info_ = nullptr;
