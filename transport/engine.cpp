@@ -643,18 +643,13 @@ bool Engine::post_wire(Chunk* c) {
   void* buf = x->staged ? slot_ptr(*c->pair, cfg_, c->slot) : x->op.ptr + c->off;
   void* desc = c->pair->mrs.empty() ? nullptr : fi_mr_desc(c->pair->mrs[c->rail]);
   const int peer = x->op.peer;
-  ssize_t rc;
-  std::unique_lock<std::mutex> gate(wire_mu_[c->rail]);  // not during this rail's queue read (engine.h)
-  if (!gate_open(c->rail)) return false;  // the post is retried
-  const uint64_t closes = conn_closes_here();  // a send that connects runs rxm's progress too
-  if (x->send())
-    rc = fi_tsend(r.ep, buf, c->len, desc, r.addr[peer], wire_tag(cfg_, cfg_.rank, peer, x->seq, c->idx), &c->ctx);
-  else
-    rc = fi_trecv(r.ep, buf, c->len, desc, directed_ ? r.addr[peer] : FI_ADDR_UNSPEC,
-                  wire_tag(cfg_, peer, cfg_.rank, x->seq, c->idx), 0, &c->ctx);
-  if (const uint64_t now = conn_closes_here(); now != closes) conn_torn(now - closes);
-  gate.unlock();
-  if (rc == -FI_EAGAIN) return false;
+  const ssize_t rc = gated(c->rail, [&] {
+    return x->send() ? fi_tsend(r.ep, buf, c->len, desc, r.addr[peer], wire_tag(cfg_, cfg_.rank, peer, x->seq, c->idx),
+                                &c->ctx)
+                     : fi_trecv(r.ep, buf, c->len, desc, directed_ ? r.addr[peer] : FI_ADDR_UNSPEC,
+                                wire_tag(cfg_, peer, cfg_.rank, x->seq, c->idx), 0, &c->ctx);
+  });
+  if (rc == -FI_EAGAIN) return false;  // the post is retried
   if (rc) throw std::runtime_error(std::string(x->send() ? "posting a send to rank " : "posting a receive from rank ") +
                                    std::to_string(peer) + ": " + err_text(static_cast<int>(rc)));
   if (x->send()) rails_used_[peer].fetch_or(1u << c->rail);  // a send opens the rail's connection
@@ -662,14 +657,17 @@ bool Engine::post_wire(Chunk* c) {
   return true;
 }
 
-// Called under the rail's gate, before a post: false while a torn
-// connection is not yet known to be a stranger's (the post is retried);
-// throws once the wire has stopped.
-bool Engine::gate_open(int /*rail*/) {
+// One post on a rail, under the rail's gate (engine.h): -FI_EAGAIN while a
+// torn connection is not yet known to be a stranger's (the caller retries),
+// else post()'s code; throws once the wire has stopped. A post that
+// connects runs rxm's progress too, so its tears are counted here.
+template <class Post>
+ssize_t Engine::gated(int rail, Post post) {
+  std::lock_guard<std::mutex> gate(wire_mu_[rail]);
   if (wire_failed_.load()) throw std::runtime_error(wire_error());
   if (int64_t since = suspect_since_.load()) {  // whose connection tore? (conn_torn)
     const int64_t now = now_ns();
-    if (now - since < kSettleNs) return false;
+    if (now - since < kSettleNs) return -FI_EAGAIN;
     if (const int peer = down_now_ ? down_now_() : -1; peer >= 0) {
       stop_wire("rank " + std::to_string(peer) + " went while its connection was torn down (" + kConnClosed + ")");
       throw std::runtime_error(wire_error());
@@ -677,9 +675,12 @@ bool Engine::gate_open(int /*rail*/) {
     // Strangers' up to now - kSettleNs; a tear since then is still unsettled.
     const int64_t last = last_tear_ns_.load();
     suspect_since_.compare_exchange_strong(since, now - last < kSettleNs ? last : 0);
-    if (suspect_since_.load()) return false;
+    if (suspect_since_.load()) return -FI_EAGAIN;
   }
-  return true;
+  const uint64_t closes = conn_closes_here();
+  const ssize_t rc = post();
+  if (const uint64_t now = conn_closes_here(); now != closes) conn_torn(now - closes);
+  return rc;
 }
 
 // A sender keeps one receive posted for its peer's next credit while one is
@@ -692,22 +693,14 @@ void Engine::want_credit(Pair& p) {
   auto* c = new Chunk;
   c->pair = &p;
   c->rail = rail;
-  c->len = sizeof c->credit;
   Rail& r = rails_[rail];
-  std::unique_lock<std::mutex> gate(wire_mu_[rail]);
-  if (!gate_open(rail)) {
-    delete c;
-    return;  // the run loop asks again
-  }
-  const uint64_t closes = conn_closes_here();
-  const ssize_t rc = fi_trecv(r.ep, &c->credit, sizeof c->credit, nullptr, directed_ ? r.addr[p.peer] : FI_ADDR_UNSPEC,
-                              wire_tag(cfg_, p.peer, cfg_.rank, static_cast<uint32_t>(p.credits + 1), kCreditIdx), 0,
-                              &c->ctx);
-  if (const uint64_t now = conn_closes_here(); now != closes) conn_torn(now - closes);
-  gate.unlock();
+  const ssize_t rc = gated(rail, [&] {
+    return fi_trecv(r.ep, &c->credit, sizeof c->credit, nullptr, directed_ ? r.addr[p.peer] : FI_ADDR_UNSPEC,
+                    wire_tag(cfg_, p.peer, cfg_.rank, static_cast<uint32_t>(p.credits + 1), kCreditIdx), 0, &c->ctx);
+  });
   if (rc == -FI_EAGAIN) {
     delete c;
-    return;
+    return;  // the run loop asks again
   }
   if (rc) {
     delete c;
@@ -727,14 +720,11 @@ void Engine::send_credits(Pair& p) {
     const uint64_t k = p.credited + 1, val = k * quarter_;
     const int rail = rail_of(cfg_.rank, p.peer, 0);  // our direction to the peer
     Rail& r = rails_[rail];
-    std::unique_lock<std::mutex> gate(wire_mu_[rail]);
-    if (!gate_open(rail)) return;  // the run loop sends it later
-    const uint64_t closes = conn_closes_here();
-    const ssize_t rc = fi_tinject(r.ep, &val, sizeof val, r.addr[p.peer],
-                                  wire_tag(cfg_, cfg_.rank, p.peer, static_cast<uint32_t>(k), kCreditIdx));
-    if (const uint64_t now = conn_closes_here(); now != closes) conn_torn(now - closes);
-    gate.unlock();
-    if (rc == -FI_EAGAIN) return;
+    const ssize_t rc = gated(rail, [&] {
+      return fi_tinject(r.ep, &val, sizeof val, r.addr[p.peer],
+                        wire_tag(cfg_, cfg_.rank, p.peer, static_cast<uint32_t>(k), kCreditIdx));
+    });
+    if (rc == -FI_EAGAIN) return;  // the run loop sends it later
     if (rc)
       throw std::runtime_error("sending a credit to rank " + std::to_string(p.peer) + ": " +
                                err_text(static_cast<int>(rc)));
@@ -855,10 +845,10 @@ static size_t read_cq(fid_cq* cq, std::vector<Done>* out) {
 // What a completion error says, naming the transfer's peer.
 static std::string done_error(const Done& d) {
   const Chunk* c = d.c;
-  if (c && !c->x) return "a credit from rank " + std::to_string(c->pair->peer) + " failed (peer likely dead): " +
-                         err_text(d.err) + (d.prov_errno ? ", provider errno " + std::to_string(d.prov_errno) : "");
-  const std::string who = c ? (c->x->send() ? "sending to rank " : "receiving from rank ") + std::to_string(c->x->op.peer)
-                            : std::string("a transfer");
+  const std::string who = !c      ? std::string("a transfer")
+                          : !c->x ? "a credit from rank " + std::to_string(c->pair->peer)
+                                  : (c->x->send() ? "sending to rank " : "receiving from rank ") +
+                                        std::to_string(c->x->op.peer);
   return who + " failed (peer likely dead): " + err_text(d.err) +
          (d.prov_errno ? ", provider errno " + std::to_string(d.prov_errno) : "");
 }

@@ -15,6 +15,8 @@
 #include <thread>
 #include <vector>
 
+#include <sys/types.h>  // ssize_t
+
 struct fi_info;
 struct fid_fabric;
 struct fid_domain;
@@ -153,7 +155,8 @@ class Engine {
   void fail(const std::string& why);
   void want_credit(Pair& p);   // a sender's credit receive, posted while a credit is due
   void send_credits(Pair& p);  // a receiver's credits, one per quarter window consumed
-  bool gate_open(int rail);    // under the rail's gate: may we post now? (false: retry later; throws: wire stopped)
+  template <class Post>
+  ssize_t gated(int rail, Post post);  // one post under the rail's gate (engine.cpp)
   void stop_wire(const std::string& why);  // post nothing more: the first failure's text is kept
   void conn_torn(uint64_t n);  // rxm tore n connections down in this thread's last call
   void resume_if_explained();  // quiet goodbyes explain every tear so far: no suspicion left
@@ -165,7 +168,7 @@ class Engine {
   Config cfg_;   // as resolved for the provider in use
   bool push_ = false;
   uint32_t win_ = 0, quarter_ = 0;  // push: the window and a credit, in chunks
-  uint64_t eager_limit_ = 0;        // push: rxm's eager limit (FI_OFI_RXM_EAGER_LIMIT)
+  uint64_t eager_limit_ = 0;        // tcp;ofi_rxm: rxm's effective eager limit (in the address)
   std::atomic<uint64_t> passes_{0};       // progress-thread passes that stored credits_due_
   std::atomic<int64_t> credits_due_{0};  // credits due from peers still here (the progress thread's count, for drain())
   std::unique_ptr<std::atomic<uint8_t>[]> gone_peer_;  // per peer: said goodbye or died (peer_gone)
