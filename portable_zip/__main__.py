@@ -1,4 +1,4 @@
-"""python -m portable_zip {demo,inspect}"""
+"""python -m portable_zip {demo,inspect,build-gate}"""
 from __future__ import annotations
 
 import argparse
@@ -11,7 +11,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG,
                                 epilog="Benchmarks live in a source checkout's bench/ folder "
                                        "(python -P bench/codec.py, bench/comm.py, ...).")
-    sub = p.add_subparsers(dest="cmd", required=True, metavar="{demo,inspect}")
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="{demo,inspect,build-gate}")
 
     what = "time the codec on a model-shaped state dict and move it between two local processes"
     d = sub.add_parser("demo", help=what, description=what.capitalize() + ": 2 GPUs over NCCL where present, "
@@ -25,6 +25,12 @@ def parser() -> argparse.ArgumentParser:
     what = "print the header of a stream saved with tensor.numpy().tofile()"
     i = sub.add_parser("inspect", help=what, description=what.capitalize() + " (a pz.compress output).")
     i.add_argument("path", help="the file holding the stream")
+
+    what = "build the pz backend's native gate for the installed torch"
+    b = sub.add_parser("build-gate", help=what, description=what.capitalize() + " (a C++20 compiler, ~40 s): "
+                       "native ops then cost what torch's own call costs. It lands in $PZ_GATE_DIR "
+                       "(default ~/.cache/portable_zip/gate).")
+    b.add_argument("-v", "--verbose", action="store_true", help="print the compiler's command")
     return p
 
 
@@ -34,7 +40,20 @@ def main(argv=None) -> int:
         from .demo import run
 
         return run(layers=args.layers, hidden=args.hidden)
+    if args.cmd == "build-gate":
+        return _build_gate(args.verbose)
     return _inspect(args.path)
+
+
+def _build_gate(verbose: bool) -> int:
+    from .c10d import native
+
+    try:
+        print(native.build(verbose))
+    except RuntimeError as e:
+        print(f"{PROG} build-gate: {e}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def _inspect(path: str) -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch.distributed as dist
 
 from .options import Options
-from .process_group import KINDS, ProcessGroupPZ
+from .process_group import KINDS, ProcessGroupPZ, make
 from .report import stats
 from .torch_work import TorchWork
 
@@ -26,7 +26,7 @@ def _create(dist_opts, options):
         default = dist.distributed_c10d._get_default_group()
         options = default.options if isinstance(default, ProcessGroupPZ) else None
     ranks = list(dist_opts.global_ranks_in_group) or list(range(dist_opts.group_size))
-    return ProcessGroupPZ(dist_opts.store, dist_opts.group_rank, ranks, dist_opts.timeout.total_seconds(),
+    return make(dist_opts.store, dist_opts.group_rank, ranks, dist_opts.timeout.total_seconds(),
                           str(dist_opts.group_id), options)
 
 

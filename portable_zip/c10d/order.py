@@ -47,15 +47,24 @@ class Running:
 
     def __init__(self):
         self._works: List[Tuple[object, frozenset, frozenset]] = []
+        self.gates = ()  # native gates (gate.cpp): the ops they posted join this list before anything reads it
 
     def __len__(self) -> int:
+        self._absorb()
         return len(self._works)
+
+    def _absorb(self) -> None:
+        """The gates' posted ops, in their order; each gate is shut by it (Python runs next)."""
+        for g in self.gates:
+            for w, writes, reads in g.take():
+                self._works.append((w, storages(writes), storages(reads)))
 
     SWEEP = 32  # past this many held, every finished one leaves (one unfinished at the front pins none)
 
     def add(self, w, writes, reads=()):
         # Finished works leave from the front (they hold their tensors): works
         # mostly finish in posting order, so this asks one or two, not all.
+        self._absorb()
         works = self._works
         while works and works[0][0].is_completed():
             del works[0]
@@ -64,8 +73,17 @@ class Running:
         works.append((w, storages(writes), storages(reads)))
         return w
 
+    def idle(self) -> bool:
+        """Nothing held that has not finished."""
+        self._absorb()
+        works = self._works
+        while works and works[0][0].is_completed():
+            del works[0]
+        return not works
+
     def settle(self, writes, reads=()) -> None:
         """Those this op conflicts with finish first (their errors belong to their own wait())."""
+        self._absorb()
         works = self._works
         while works and works[0][0].is_completed():  # mostly the last op's, done: nothing to compare
             del works[0]

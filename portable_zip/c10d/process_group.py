@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import sys
 import threading
+import weakref
 from typing import Dict, List, Optional
 
 import torch
@@ -22,7 +23,7 @@ from torch._C import _distributed_c10d as c10d
 from ..codec import MismatchError, overlaps
 from ..comm import (REDUCIBLE, Communicator, Deadline, Group, ReduceOp, Settings, swap_through_store,
                     timeout_of)
-from . import report, thin, torch_work
+from . import native, report, thin, torch_work
 from .options import Options
 from .order import Backward, Running
 from .p2p import P2P
@@ -158,6 +159,7 @@ class ProcessGroupPZ(dist.ProcessGroup):
         self._p2ps: Dict[str, P2P] = {}
         self._comms: Dict[str, Communicator] = {}
         self._running = Running()  # torch's ops and point to point, outside the Communicators' queues
+        self._gates: Dict[str, object] = {}  # per device kind, where this is a _Gated group
         self._backward = Backward()
         self._lock = threading.RLock()  # DDP's reducer posts from autograd threads
         self._closed = False
@@ -173,10 +175,7 @@ class ProcessGroupPZ(dist.ProcessGroup):
         # forwarded GPU ops stage through host memory over gloo instead.
         if torch.cuda.is_available() and options.transport != "fabric":
             self._inner["cuda"] = Group(store, rank, ranks, "nccl", self.timeout, f"{name}/cuda")
-        for kind, g in self._inner.items():
-            d = torch.device(kind)
-            self._register_backend(d, _KIND[g.backend], g.pg._get_backend(d))
-        self._set_default_backend(_KIND[self._inner["cpu"].backend])
+        self._register_inner()
         _agree_options(self._inner["cpu"], options, self.timeout)
         # Point to point: per inner kind, groups of its own (NCCL: one per direction).
         for kind, g in self._inner.items():
@@ -184,6 +183,13 @@ class ProcessGroupPZ(dist.ProcessGroup):
                            for d in (("up", "down") if g.backend == "nccl" else ("",)))
             self._p2ps[kind] = P2P(groups, self._compresses(kind, options.compress), self.timeout,
                                    options.max_sms or 0)
+
+    def _register_inner(self) -> None:
+        """torch's C++ calls (ops pz leaves to torch, and _get_backend) reach the inner backends."""
+        for kind, g in self._inner.items():
+            d = torch.device(kind)
+            self._register_backend(d, _KIND[g.backend], g.pg._get_backend(d))
+        self._set_default_backend(_KIND[self._inner["cpu"].backend])
 
     @property
     def devices(self) -> frozenset:
@@ -228,6 +234,10 @@ class ProcessGroupPZ(dist.ProcessGroup):
             dev = torch.device("cuda", torch.cuda.current_device()) if kind == "cuda" else device
             c = self._comms[kind] = Communicator(group=parent, device=dev, timeout=self.timeout,
                                                  **self.options.communicator_args())
+            gate = self._gates.get(kind)
+            if gate is not None:  # its native ops go to the Communicator's group; its own ops may change plans
+                gate.set_inner(c.group.pg._get_backend(torch.device(kind)))
+                c.on_enter = gate.forget
         return c
 
     def _drain_ours(self, kinds=None) -> None:
@@ -259,7 +269,8 @@ class ProcessGroupPZ(dist.ProcessGroup):
         """post(inner): torch's own op on t's Communicator's group, when that
         Communicator would run op on t native now (t checked by the caller,
         thin.py); its Work, or None (the full path runs)."""
-        c = self._comms.get("cuda" if t.is_cuda else "cpu")
+        kind = "cuda" if t.is_cuda else "cpu"
+        c = self._comms.get(kind)
         if c is None:  # not made yet, or the kind is not pz's
             return None
         with self._lock:
@@ -270,6 +281,13 @@ class ProcessGroupPZ(dist.ProcessGroup):
             w = c.post_native(op, post, sent)
             if op == "reduce_scatter":
                 w = _observable(w, writes, c.group.backend)
+            gate = self._gates.get(kind)
+            if gate is not None and kind in _GATE_OPENS and op in _GATE_OPS and self._running.idle():
+                # Nothing of Python's outstanding: the gate posts this op's like from now on.
+                gate.track(w, list(writes), list(reads))
+                gate.allow(_GATE_OPS[op], t)
+                gate.open()
+                return self._backward.add(w, c)
             return self._backward.add(self._running.add(w, writes, reads), c)
 
     def _early(self, device: torch.device, tensors) -> None:
@@ -546,6 +564,9 @@ class ProcessGroupPZ(dist.ProcessGroup):
                 if line:
                     print(line, file=sys.stderr, flush=True)
             self._closed = True
+            self._drain_gates()
+            for g in self._gates.values():
+                g.release()
             comms, self._comms = list(self._comms.values()), {}
             for c in comms:
                 c.close()
@@ -561,6 +582,7 @@ class ProcessGroupPZ(dist.ProcessGroup):
     def stats(self) -> dict:
         """Per device kind, its Communicator's per-op stats (pz.Communicator.stats),
         with point to point's (send, recv) beside them."""
+        self._drain_gates()
         out = {k: dict(c.stats) for k, c in self._comms.items()}
         for k, p in self._p2ps.items():
             v = p.stats.view()
@@ -568,9 +590,73 @@ class ProcessGroupPZ(dist.ProcessGroup):
                 out.setdefault(k, {}).update(v)
         return out
 
+    def _drain_gates(self) -> None:
+        """The native ops the gates posted, into their Communicators' stats."""
+        for kind, g in self._gates.items():
+            c = self._comms.get(kind)
+            if c is not None:
+                for op, (calls, sent, ns) in g.counts().items():
+                    c.count_native(op, calls, sent, ns * 1e-9)
+
     def communicator(self, device="cpu") -> Optional[Communicator]:
         """The Communicator that serves device's tensors, once an op made it."""
         return self._comms.get(torch.device(device).type)
+
+
+# The native gate's ops (gate.cpp's numbering), and the kinds whose gate opens:
+# CUDA's waits for a run on a GPU (its Works are NCCL's, its waits stream waits).
+_GATE_OPS = {"all_reduce": 0, "broadcast": 1, "all_gather": 2}
+_GATE_OPENS = ("cpu",)
+
+
+def _torch_method(name: str):
+    """torch's own ProcessGroup method, as its class holds it (the attribute
+    read through the class is pybind's function bound to its record, not a
+    method a subclass can take over)."""
+    for k in dist.ProcessGroup.__mro__:
+        if name in vars(k):
+            return vars(k)[name]
+    return None
+
+
+class _Gated(ProcessGroupPZ):
+    """A pz group whose all_reduce, broadcast and all_gather_into_tensor torch
+    dispatches in C++ to a native gate per device kind (gate.cpp): a native op
+    goes from there to the Communicator's group with no Python on the way,
+    anything else comes back to ProcessGroupPZ's Python methods."""
+
+    _py_allreduce = ProcessGroupPZ.allreduce
+    _py_broadcast = ProcessGroupPZ.broadcast
+    _py_all_gather = ProcessGroupPZ.all_gather_single
+    allreduce = _torch_method("allreduce")
+    broadcast = _torch_method("broadcast")
+    _allgather_base = _torch_method("_allgather_base")
+    if _torch_method("all_gather_single") is not None:
+        all_gather_single = _torch_method("all_gather_single")
+
+    def _register_inner(self) -> None:
+        mod = native.load()
+        me = weakref.ref(self)  # the gate lives inside torch's group: no cycle through it
+
+        def fallback(name, *args):
+            pg = me()
+            if pg is None:
+                raise RuntimeError("pz backend: this group is gone")
+            return getattr(pg, "_py_" + name)(*args)
+        # Every kind torch may hand this group: CUDA's too where no NCCL is inside (transport="fabric").
+        for kind in ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",):
+            gate = self._gates[kind] = mod.Gate(self.me, self.world, kind)
+            gate.set_fallback(fallback, "all_gather")
+            if kind in self._inner:
+                gate.set_base(self._inner[kind].pg._get_backend(torch.device(kind)))
+            self._register_backend(torch.device(kind), dist.ProcessGroup.BackendType.CUSTOM, gate)
+        self._set_default_backend(dist.ProcessGroup.BackendType.CUSTOM)
+        self._running.gates = tuple(self._gates.values())
+
+
+def make(*args, **kwargs) -> ProcessGroupPZ:
+    """A pz group: with the native gate where it is built for this torch."""
+    return (_Gated if native.load() is not None else ProcessGroupPZ)(*args, **kwargs)
 
 
 def _device(tensors) -> torch.device:

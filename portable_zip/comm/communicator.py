@@ -11,7 +11,7 @@ import numbers
 import threading
 import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -92,6 +92,7 @@ class Communicator:
         self.tp = self._worker = self._p2p = self._channel = None
         self._closed = False
         self._entry, self._inside = threading.Lock(), None  # one thread inside an op at a time (work.exclusive)
+        self.on_enter: Optional[Callable[[], None]] = None  # called as an op enters (the pz backend's gate)
         self._p2p_lock = threading.RLock()  # the pending isend/irecv group: posts and waits from any thread
         try:
             self._connect(s, transport, domains, device, (link_gbps, latency_us, codec_gbps, margin))
@@ -307,6 +308,10 @@ class Communicator:
         w = post(self.group.pg)
         self._record(op, "native", t0, sent, sent)
         return w
+
+    def count_native(self, op: str, calls: int, sent: int, seconds: float) -> None:
+        """calls native ops of op, moving sent bytes, that an adapter posted itself (the pz backend's gate)."""
+        self._stats.add(op, "native", calls, sent, sent, seconds)
 
     def _native_now(self, op: str, t: torch.Tensor, async_op: bool) -> bool:
         """A blocking collective that runs native: auto then adds only this

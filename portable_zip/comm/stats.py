@@ -24,6 +24,15 @@ class Stats:
         s["time_s"] += time.perf_counter() - t0
         s["plans"][plan] += calls
 
+    def add(self, op: str, plan: str, calls: int, raw: int, wire: int, seconds: float) -> None:
+        """calls of op already timed elsewhere (seconds in all)."""
+        s = self._ops[op]
+        s["calls"] += calls
+        s["raw_bytes"] += int(raw)
+        s["wire_bytes"] += int(wire)
+        s["time_s"] += seconds
+        s["plans"][plan] += calls
+
     def view(self) -> dict:
         """The ops called so far, as plain dicts."""
         return {op: {**s, "plans": dict(s["plans"])} for op, s in self._ops.items() if s["calls"]}
