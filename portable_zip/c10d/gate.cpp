@@ -238,6 +238,10 @@ class Gate : public c10d::Backend {
     }
     fallback_ = py::object();
   }
+  int64_t posted() {  // ops the gate posted itself, since it was made
+    std::lock_guard<std::mutex> lk(m_);
+    return posted_total_;
+  }
   bool is_open() {
     std::lock_guard<std::mutex> lk(m_);
     return open_;
@@ -268,6 +272,7 @@ class Gate : public c10d::Backend {
     auto t0 = std::chrono::steady_clock::now();
     auto w = start(*inner_);
     auto& c = counts_[op];
+    ++posted_total_;
     ++c.calls;
     c.bytes += sent;
     c.ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
@@ -298,6 +303,7 @@ class Gate : public c10d::Backend {
   std::unordered_set<int64_t> allowed_;
   std::deque<Posted> posted_;
   Counts counts_[kOps];
+  int64_t posted_total_ = 0;
   py::object fallback_;
   std::string allgather_name_ = "_allgather_base";
 };
@@ -317,6 +323,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("allow", &Gate::allow, py::call_guard<py::gil_scoped_release>())
       .def("track", &Gate::track, py::call_guard<py::gil_scoped_release>())
       .def("is_open", &Gate::is_open, py::call_guard<py::gil_scoped_release>())
+      .def("posted", &Gate::posted, py::call_guard<py::gil_scoped_release>())
       .def("take",
            [](Gate& g) {
              std::vector<Posted> ps;

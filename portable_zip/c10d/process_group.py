@@ -238,6 +238,7 @@ class ProcessGroupPZ(dist.ProcessGroup):
             if gate is not None:  # its native ops go to the Communicator's group; its own ops may change plans
                 gate.set_inner(c.group.pg._get_backend(torch.device(kind)))
                 c.on_enter = gate.forget
+                c.on_stats = functools.partial(_count_gate, gate, weakref.ref(c))
         return c
 
     def _drain_ours(self, kinds=None) -> None:
@@ -564,8 +565,10 @@ class ProcessGroupPZ(dist.ProcessGroup):
                 if line:
                     print(line, file=sys.stderr, flush=True)
             self._closed = True
-            self._drain_gates()
-            for g in self._gates.values():
+            for kind, g in self._gates.items():
+                c = self._comms.get(kind)
+                if c is not None:
+                    _count_gate(g, weakref.ref(c))
                 g.release()
             comms, self._comms = list(self._comms.values()), {}
             for c in comms:
@@ -582,7 +585,6 @@ class ProcessGroupPZ(dist.ProcessGroup):
     def stats(self) -> dict:
         """Per device kind, its Communicator's per-op stats (pz.Communicator.stats),
         with point to point's (send, recv) beside them."""
-        self._drain_gates()
         out = {k: dict(c.stats) for k, c in self._comms.items()}
         for k, p in self._p2ps.items():
             v = p.stats.view()
@@ -590,13 +592,17 @@ class ProcessGroupPZ(dist.ProcessGroup):
                 out.setdefault(k, {}).update(v)
         return out
 
-    def _drain_gates(self) -> None:
-        """The native ops the gates posted, into their Communicators' stats."""
-        for kind, g in self._gates.items():
-            c = self._comms.get(kind)
-            if c is not None:
-                for op, (calls, sent, ns) in g.counts().items():
-                    c.count_native(op, calls, sent, ns * 1e-9)
+    @property
+    def native_gate(self) -> str:
+        """How this group posts native ops, in words: through the native gate
+        (gate.cpp, a C++ backend: torch's cost), or the Python thin path and why."""
+        return native.reason() if self._gates else "Python thin path: " + (
+            native.reason().split(": ", 1)[-1] if native.load() is None else "this group was made without the gate")
+
+    def gate_posted(self, device="cpu") -> int:
+        """Native ops of device's kind that the gate posted itself (0 without one)."""
+        g = self._gates.get(torch.device(device).type)
+        return g.posted() if g is not None else 0
 
     def communicator(self, device="cpu") -> Optional[Communicator]:
         """The Communicator that serves device's tensors, once an op made it."""
@@ -607,6 +613,14 @@ class ProcessGroupPZ(dist.ProcessGroup):
 # CUDA's waits for a run on a GPU (its Works are NCCL's, its waits stream waits).
 _GATE_OPS = {"all_reduce": 0, "broadcast": 1, "all_gather": 2}
 _GATE_OPENS = ("cpu",)
+
+
+def _count_gate(gate, comm) -> None:
+    """The native ops the gate posted, into its Communicator's stats (comm: a weak reference)."""
+    c = comm()
+    if c is not None:
+        for op, (calls, sent, ns) in gate.counts().items():
+            c.count_native(op, calls, sent, ns * 1e-9)
 
 
 def _torch_method(name: str):

@@ -93,6 +93,7 @@ class Communicator:
         self._closed = False
         self._entry, self._inside = threading.Lock(), None  # one thread inside an op at a time (work.exclusive)
         self.on_enter: Optional[Callable[[], None]] = None  # called as an op enters (the pz backend's gate)
+        self.on_stats: Optional[Callable[[], None]] = None  # called before the stats are read (the same)
         self._p2p_lock = threading.RLock()  # the pending isend/irecv group: posts and waits from any thread
         try:
             self._connect(s, transport, domains, device, (link_gbps, latency_us, codec_gbps, margin))
@@ -168,6 +169,8 @@ class Communicator:
     # --- plumbing -------------------------------------------------------------
     @property
     def stats(self) -> dict:
+        if self.on_stats is not None:  # ops an adapter posted itself (the pz backend's gate) join first
+            self.on_stats()
         own = self._stats.view()
         return merged([own, self._p2p.stats.view()]) if self._p2p is not None else own
 
