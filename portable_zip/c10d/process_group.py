@@ -234,7 +234,7 @@ class ProcessGroupPZ(dist.ProcessGroup):
             dev = torch.device("cuda", torch.cuda.current_device()) if kind == "cuda" else device
             c = self._comms[kind] = Communicator(group=parent, device=dev, timeout=self.timeout,
                                                  **self.options.communicator_args())
-            gate = self._gates.get(kind)
+            gate = self._gates.get(kind) if kind in _GATE_OPENS else None
             if gate is not None:  # its native ops go to the Communicator's group; its own ops may change plans
                 gate.set_inner(c.group.pg._get_backend(torch.device(kind)))
                 c.on_enter = gate.forget
