@@ -67,3 +67,39 @@ def gate_paths(rank, world, seed):
     steady = g.gate_posted("cpu") - mixed
     plans = {op: dict(s["plans"]) for op, s in g.stats["cpu"].items()}
     return check.n, check.bad, (mixed, steady), plans, g.native_gate, ops
+
+
+def gate_then_python(rank, world, seed):
+    """A gate-posted async op, then Python's ops on the same storage: a full-path
+    all_reduce of a strided view (it must wait for the gate's op) and a
+    send/recv of the tensor; torch's sequence numbers still come from gloo.
+    Returns (checks, mismatches, ops the gate posted)."""
+    g = dist.new_group(backend="pz", pg_options=Options(compress="auto"))
+    ref = dist.new_group(backend="gloo")
+    check = Checker()
+    n = world * 256
+    for case in range(30):
+        outs = []
+        for grp in (g, ref):
+            t = data(seed, rank, case, n, torch.float32)
+            dist.all_reduce(t, group=grp)  # the first of its signature: Python's, then the gate opens
+            w = dist.all_reduce(t, group=grp, async_op=grp is g)  # the gate's, in flight
+            v = t[::2]
+            if grp is g:
+                dist.all_reduce(v, op=dist.ReduceOp.MAX, group=g)  # strided: Python's full path
+            else:
+                c = v.contiguous()
+                dist.all_reduce(c, op=dist.ReduceOp.MAX, group=ref)
+                v.copy_(c)
+            if w is not None:
+                w.wait()
+            peer = rank ^ 1
+            if peer < world:
+                if rank % 2 == 0:
+                    dist.send(t, peer, group=grp)
+                else:
+                    dist.recv(t, peer, group=grp)
+            outs.append(t)
+        check(same(*outs), f"case {case}")
+    check(g._get_sequence_number_for_group() >= 0, "sequence number")
+    return check.n, check.bad, g.gate_posted("cpu")

@@ -48,3 +48,12 @@ def test_without_the_gate_the_python_path_gives_the_same():
         assert n > 400 and not bad, (seed, r, bad[:8])
         assert posted == (0, 0) and how == "Python thin path: PZ_NATIVE_GATE=0", (posted, how)
         assert plans["all_gather"] == {"native": 160}, plans
+
+
+def test_python_ops_after_the_gates_on_the_same_storage():
+    _gate_built()
+    seed = int(np.random.default_rng().integers(0, 2**31))
+    res = ok(run_ranks(2, gate_workers.gate_then_python, seed, env=ENV, backend="pz", deadline=240, pg_timeout=120.0))
+    for r, (n, bad, posted) in res.items():
+        assert n == 31 and not bad, (seed, r, bad[:8])
+        assert posted >= 1, (r, posted)  # the async op of some cases went through the gate

@@ -30,9 +30,20 @@ namespace {
 enum Op : int { kAllReduce = 0, kBroadcast = 1, kAllGather = 2, kOps = 3 };
 const char* const kNames[kOps] = {"all_reduce", "broadcast", "all_gather"};
 
+const void* storage(const at::Tensor& t) { return t.storage().data(); }
+
+std::vector<const void*> storages(const std::vector<at::Tensor>& ts) {
+  std::vector<const void*> out;
+  for (const auto& t : ts) out.push_back(storage(t));
+  return out;
+}
+
+// An op the gate knows is in flight: its storages as they were when it was
+// posted (FSDP2 resizes storages), and its tensors, kept alive until it ends.
 struct Posted {
   c10::intrusive_ptr<c10d::Work> work;
   std::vector<at::Tensor> writes, reads;
+  std::vector<const void*> wp, rp;
 };
 
 struct Counts {
@@ -44,12 +55,10 @@ bool flat(const at::Tensor& t, c10::DeviceType kind) {
          !t.is_conj() && !t.is_neg();
 }
 
-const void* storage(const at::Tensor& t) { return t.storage().data(); }
-
-bool touches(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
-  for (const auto& x : a)
-    for (const auto& y : b)
-      if (storage(x) == storage(y)) return true;
+bool touches(const std::vector<const void*>& a, const std::vector<const void*>& b) {
+  for (const void* x : a)
+    for (const void* y : b)
+      if (x == y) return true;
   return false;
 }
 
@@ -201,8 +210,9 @@ class Gate : public c10d::Backend {
     allowed_.insert(key(op, t));
   }
   void track(c10::intrusive_ptr<c10d::Work> w, std::vector<at::Tensor> writes, std::vector<at::Tensor> reads) {
+    auto wp = storages(writes), rp = storages(reads);
     std::lock_guard<std::mutex> lk(m_);
-    posted_.push_back({std::move(w), std::move(writes), std::move(reads)});
+    posted_.push_back({std::move(w), std::move(writes), std::move(reads), std::move(wp), std::move(rp)});
   }
   // Shut, and hand over the ops posted and not yet known finished, in order.
   std::vector<Posted> take() {
@@ -236,6 +246,7 @@ class Gate : public c10d::Backend {
       gone.swap(posted_);
       inner_.reset();
     }
+    base_.reset();  // the inner backends' threads and sockets go with their groups, not with torch's
     fallback_ = py::object();
   }
   int64_t posted() {  // ops the gate posted itself, since it was made
@@ -264,11 +275,16 @@ class Gate : public c10d::Backend {
     // Never wait on the gate's lock holding the GIL: Python takes the lock under it.
     std::optional<py::gil_scoped_release> nogil;
     if (PyGILState_Check()) nogil.emplace();
+    auto wp = storages(writes), rp = storages(reads);
+    std::vector<Posted> gone;  // finished ops leave after the lock: their tensors may take the GIL as they go
     std::lock_guard<std::mutex> lk(m_);
     if (!open_ || !allowed_.count(key(op, t))) return {};
-    while (!posted_.empty() && posted_.front().work->isCompleted()) posted_.pop_front();
+    while (!posted_.empty() && posted_.front().work->isCompleted()) {
+      gone.push_back(std::move(posted_.front()));
+      posted_.pop_front();
+    }
     for (const auto& p : posted_)  // two ops on one tensor never run out of order: Python settles those
-      if (touches(writes, p.writes) || touches(writes, p.reads) || touches(reads, p.writes)) return {};
+      if (touches(wp, p.wp) || touches(wp, p.rp) || touches(rp, p.wp)) return {};
     auto t0 = std::chrono::steady_clock::now();
     auto w = start(*inner_);
     auto& c = counts_[op];
@@ -277,8 +293,15 @@ class Gate : public c10d::Backend {
     c.bytes += sent;
     c.ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
     if (posted_.size() >= 64)  // works mostly finish in order; past this, every finished one leaves
-      for (auto it = posted_.begin(); it != posted_.end();) it = (*it).work->isCompleted() ? posted_.erase(it) : ++it;
-    posted_.push_back({w, std::move(writes), std::move(reads)});
+      for (auto it = posted_.begin(); it != posted_.end();) {
+        if ((*it).work->isCompleted()) {
+          gone.push_back(std::move(*it));
+          it = posted_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    posted_.push_back({w, std::move(writes), std::move(reads), std::move(wp), std::move(rp)});
     return w;
   }
 
@@ -314,7 +337,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::object backend = py::module_::import("torch._C._distributed_c10d").attr("Backend");
   py::class_<Gate, c10::intrusive_ptr<Gate>>(m, "Gate", backend)
       .def(py::init<int, int, const std::string&>())
-      .def("set_inner", &Gate::set_inner)
+      .def("set_inner", &Gate::set_inner, py::call_guard<py::gil_scoped_release>())
       .def("set_base", &Gate::set_base)
       .def("set_fallback", &Gate::set_fallback)
       .def("open", &Gate::open, py::call_guard<py::gil_scoped_release>())

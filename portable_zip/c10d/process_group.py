@@ -159,7 +159,7 @@ class ProcessGroupPZ(dist.ProcessGroup):
         self._p2ps: Dict[str, P2P] = {}
         self._comms: Dict[str, Communicator] = {}
         self._running = Running()  # torch's ops and point to point, outside the Communicators' queues
-        self._gates: Dict[str, object] = {}  # per device kind, where this is a _Gated group
+        self._gates: Dict[str, object] = {}  # "cpu": the native gate, where this is a _Gated group
         self._backward = Backward()
         self._lock = threading.RLock()  # DDP's reducer posts from autograd threads
         self._closed = False
@@ -234,7 +234,7 @@ class ProcessGroupPZ(dist.ProcessGroup):
             dev = torch.device("cuda", torch.cuda.current_device()) if kind == "cuda" else device
             c = self._comms[kind] = Communicator(group=parent, device=dev, timeout=self.timeout,
                                                  **self.options.communicator_args())
-            gate = self._gates.get(kind) if kind in _GATE_OPENS else None
+            gate = self._gates.get(kind)
             if gate is not None:  # its native ops go to the Communicator's group; its own ops may change plans
                 gate.set_inner(c.group.pg._get_backend(torch.device(kind)))
                 c.on_enter = gate.forget
@@ -283,7 +283,7 @@ class ProcessGroupPZ(dist.ProcessGroup):
             if op == "reduce_scatter":
                 w = _observable(w, writes, c.group.backend)
             gate = self._gates.get(kind)
-            if gate is not None and kind in _GATE_OPENS and op in _GATE_OPS and self._running.idle():
+            if gate is not None and op in _GATE_OPS and self._running.idle():
                 # Nothing of Python's outstanding: the gate posts this op's like from now on.
                 gate.track(w, list(writes), list(reads))
                 gate.allow(_GATE_OPS[op], t)
@@ -596,8 +596,11 @@ class ProcessGroupPZ(dist.ProcessGroup):
     def native_gate(self) -> str:
         """How this group posts native ops, in words: through the native gate
         (gate.cpp, a C++ backend: torch's cost), or the Python thin path and why."""
-        return native.reason() if self._gates else "Python thin path: " + (
-            native.reason().split(": ", 1)[-1] if native.load() is None else "this group was made without the gate")
+        if self._gates:
+            return native.reason()
+        if native.load() is None:
+            return native.reason()
+        return "Python thin path: the gate serves processes without a GPU for now"
 
     def gate_posted(self, device="cpu") -> int:
         """Native ops of device's kind that the gate posted itself (0 without one)."""
@@ -609,10 +612,7 @@ class ProcessGroupPZ(dist.ProcessGroup):
         return self._comms.get(torch.device(device).type)
 
 
-# The native gate's ops (gate.cpp's numbering), and the kinds whose gate opens:
-# CUDA's waits for a run on a GPU (its Works are NCCL's, its waits stream waits).
-_GATE_OPS = {"all_reduce": 0, "broadcast": 1, "all_gather": 2}
-_GATE_OPENS = ("cpu",)
+_GATE_OPS = {"all_reduce": 0, "broadcast": 1, "all_gather": 2}  # the native gate's ops, gate.cpp's numbering
 
 
 def _count_gate(gate, comm) -> None:
@@ -634,10 +634,11 @@ def _torch_method(name: str):
 
 
 class _Gated(ProcessGroupPZ):
-    """A pz group whose all_reduce, broadcast and all_gather_into_tensor torch
-    dispatches in C++ to a native gate per device kind (gate.cpp): a native op
-    goes from there to the Communicator's group with no Python on the way,
-    anything else comes back to ProcessGroupPZ's Python methods."""
+    """A pz group (of a process without a GPU) whose all_reduce, broadcast and
+    all_gather_into_tensor torch dispatches in C++ to the native gate
+    (gate.cpp): a native op goes from there to the Communicator's group with
+    no Python on the way, anything else comes back to ProcessGroupPZ's Python
+    methods."""
 
     _py_allreduce = ProcessGroupPZ.allreduce
     _py_broadcast = ProcessGroupPZ.broadcast
@@ -649,7 +650,9 @@ class _Gated(ProcessGroupPZ):
         all_gather_single = _torch_method("all_gather_single")
 
     def _register_inner(self) -> None:
-        mod = native.load()
+        # gloo stays the default backend (sequence numbers, timeouts: torch asks it by type); the CPU
+        # device's ops go to the gate, registered under a type of its own after it.
+        super()._register_inner()
         me = weakref.ref(self)  # the gate lives inside torch's group: no cycle through it
 
         def fallback(name, *args):
@@ -657,20 +660,20 @@ class _Gated(ProcessGroupPZ):
             if pg is None:
                 raise RuntimeError("pz backend: this group is gone")
             return getattr(pg, "_py_" + name)(*args)
-        # Every kind torch may hand this group: CUDA's too where no NCCL is inside (transport="fabric").
-        for kind in ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",):
-            gate = self._gates[kind] = mod.Gate(self.me, self.world, kind)
-            gate.set_fallback(fallback, "all_gather")
-            if kind in self._inner:
-                gate.set_base(self._inner[kind].pg._get_backend(torch.device(kind)))
-            self._register_backend(torch.device(kind), dist.ProcessGroup.BackendType.CUSTOM, gate)
-        self._set_default_backend(dist.ProcessGroup.BackendType.CUSTOM)
-        self._running.gates = tuple(self._gates.values())
+        gate = self._gates["cpu"] = native.load().Gate(self.me, self.world, "cpu")
+        gate.set_fallback(fallback, "all_gather")
+        gate.set_base(self._inner["cpu"].pg._get_backend(torch.device("cpu")))
+        self._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.CUSTOM, gate)
+        self._running.gates = (gate,)
 
 
 def make(*args, **kwargs) -> ProcessGroupPZ:
-    """A pz group: with the native gate where it is built for this torch."""
-    return (_Gated if native.load() is not None else ProcessGroupPZ)(*args, **kwargs)
+    """A pz group: with the native gate where it is built for this torch and
+    the process has no GPU (torch keeps one backend per type, and a GPU's ops
+    must reach pz's Python path and NCCL's own handling: the CUDA gate is the
+    next GPU run's)."""
+    gated = native.load() is not None and not torch.cuda.is_available()
+    return (_Gated if gated else ProcessGroupPZ)(*args, **kwargs)
 
 
 def _device(tensors) -> torch.device:

@@ -66,14 +66,14 @@ def exclusive(op: Callable) -> Callable:
         me, lock = threading.get_ident(), self._entry
         if self._inside == me:
             return op(self, *args, **kwargs)
-        if self.on_enter is not None:  # the pz backend's native gate: this op may change plans
-            self.on_enter()
         if not lock.acquire(blocking=False):
             raise RuntimeError("pz.Communicator is not thread-safe: this thread called it while another thread "
                                "is inside an op on it; use one Communicator per thread or serialize the calls "
                                "(sequential use from different threads is fine)")
         self._inside = me
         try:
+            if self.on_enter is not None:  # the pz backend's native gate: this op may change plans
+                self.on_enter()
             return op(self, *args, **kwargs)
         finally:
             self._inside = None
