@@ -62,19 +62,24 @@ bool touches(const std::vector<const void*>& a, const std::vector<const void*>& 
   return false;
 }
 
+// Lets go of a Python object from any thread: torch may drop its group (and
+// so these) without the GIL; past Python's end the object leaks.
+void drop(py::object& o) {
+  if (!o) return;
+  if (Py_IsInitialized()) {
+    py::gil_scoped_acquire gil;
+    o = py::object();
+  } else {
+    o.release();
+  }
+}
+
 // The Work of an op Python ran, as torch's C++ callers see it: every call
 // goes to it (a Python subclass's overrides included), and it lives as long as this.
 class Held : public c10d::Work {
  public:
   explicit Held(py::object w) : work_(w.cast<c10::intrusive_ptr<c10d::Work>>()), py_(std::move(w)) {}
-  ~Held() override {
-    if (Py_IsInitialized()) {
-      py::gil_scoped_acquire gil;
-      py_ = py::object();
-    } else {
-      py_.release();
-    }
-  }
+  ~Held() override { drop(py_); }
   bool isCompleted() override {  // a Python Work's is_completed is Python's (torch's trampoline has no override)
     py::gil_scoped_acquire gil;
     return py_.attr("is_completed")().cast<bool>();
@@ -97,15 +102,7 @@ class Gate : public c10d::Backend {
  public:
   Gate(int rank, int size, const std::string& device) : Backend(rank, size), kind_(c10::Device(device).type()) {}
 
-  ~Gate() override {  // torch may drop its group without the GIL; past Python's end, the callback leaks
-    if (!fallback_) return;
-    if (Py_IsInitialized()) {
-      py::gil_scoped_acquire gil;
-      fallback_ = py::object();
-    } else {
-      fallback_.release();
-    }
-  }
+  ~Gate() override { drop(fallback_); }
 
   const std::string getBackendName() const override { return "pz"; }
 
@@ -138,7 +135,7 @@ class Gate : public c10d::Backend {
                     [&](c10d::Backend& b) { return b._allgather_base(out, in, o); });
       if (w) return w;
     }
-    return fallback(allgather_name_.c_str(), out, in, o);
+    return fallback("all_gather", out, in, o);
   }
 
   // --- the rest: torch's C++ callers (and _get_backend's) reach the inner backend, as before the gate ---
@@ -187,17 +184,10 @@ class Gate : public c10d::Backend {
     std::lock_guard<std::mutex> lk(m_);
     inner_ = std::move(inner);
   }
-  void set_fallback(py::object fb, std::string allgather_name) {
-    fallback_ = std::move(fb);
-    allgather_name_ = std::move(allgather_name);
-  }
+  void set_fallback(py::object fb) { fallback_ = std::move(fb); }
   void open() {
     std::lock_guard<std::mutex> lk(m_);
     open_ = inner_.defined();
-  }
-  void shut() {
-    std::lock_guard<std::mutex> lk(m_);
-    open_ = false;
   }
   void forget() {
     std::lock_guard<std::mutex> lk(m_);
@@ -218,7 +208,7 @@ class Gate : public c10d::Backend {
   std::vector<Posted> take() {
     std::lock_guard<std::mutex> lk(m_);
     open_ = false;
-    std::vector<Posted> out(posted_.begin(), posted_.end());
+    std::vector<Posted> out(std::make_move_iterator(posted_.begin()), std::make_move_iterator(posted_.end()));
     posted_.clear();
     return out;
   }
@@ -252,10 +242,6 @@ class Gate : public c10d::Backend {
   int64_t posted() {  // ops the gate posted itself, since it was made
     std::lock_guard<std::mutex> lk(m_);
     return posted_total_;
-  }
-  bool is_open() {
-    std::lock_guard<std::mutex> lk(m_);
-    return open_;
   }
 
  private:
@@ -327,8 +313,7 @@ class Gate : public c10d::Backend {
   std::deque<Posted> posted_;
   Counts counts_[kOps];
   int64_t posted_total_ = 0;
-  py::object fallback_;
-  std::string allgather_name_ = "_allgather_base";
+  py::object fallback_;  // fallback(name, *args): ProcessGroupPZ's Python method _py_<name>
 };
 
 }  // namespace
@@ -341,11 +326,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("set_base", &Gate::set_base)
       .def("set_fallback", &Gate::set_fallback)
       .def("open", &Gate::open, py::call_guard<py::gil_scoped_release>())
-      .def("shut", &Gate::shut, py::call_guard<py::gil_scoped_release>())
       .def("forget", &Gate::forget, py::call_guard<py::gil_scoped_release>())
       .def("allow", &Gate::allow, py::call_guard<py::gil_scoped_release>())
       .def("track", &Gate::track, py::call_guard<py::gil_scoped_release>())
-      .def("is_open", &Gate::is_open, py::call_guard<py::gil_scoped_release>())
       .def("posted", &Gate::posted, py::call_guard<py::gil_scoped_release>())
       .def("take",
            [](Gate& g) {
@@ -360,5 +343,4 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            })
       .def("counts", &Gate::counts)
       .def("release", &Gate::release);
-  m.attr("OPS") = py::make_tuple(kNames[0], kNames[1], kNames[2]);
 }

@@ -62,12 +62,7 @@ class Running:
     SWEEP = 32  # past this many held, every finished one leaves (one unfinished at the front pins none)
 
     def add(self, w, writes, reads=()):
-        # Finished works leave from the front (they hold their tensors): works
-        # mostly finish in posting order, so this asks one or two, not all.
-        self._absorb()
-        works = self._works
-        while works and works[0][0].is_completed():
-            del works[0]
+        works = self._fresh()
         if len(works) >= self.SWEEP:
             works[:] = [x for x in works if not x[0].is_completed()]
         works.append((w, storages(writes), storages(reads)))
@@ -75,18 +70,20 @@ class Running:
 
     def idle(self) -> bool:
         """Nothing held that has not finished."""
+        return not self._fresh()
+
+    def _fresh(self) -> list:
+        """The works held, the gates' included, less the finished ones at the front (they
+        hold their tensors): works mostly finish in posting order, so this asks one or two, not all."""
         self._absorb()
         works = self._works
         while works and works[0][0].is_completed():
             del works[0]
-        return not works
+        return works
 
     def settle(self, writes, reads=()) -> None:
         """Those this op conflicts with finish first (their errors belong to their own wait())."""
-        self._absorb()
-        works = self._works
-        while works and works[0][0].is_completed():  # mostly the last op's, done: nothing to compare
-            del works[0]
+        works = self._fresh()  # mostly the last op's held, done: nothing to compare
         if not works:
             return
         ws, rs = storages(writes), storages(reads)

@@ -565,10 +565,7 @@ class ProcessGroupPZ(dist.ProcessGroup):
                 if line:
                     print(line, file=sys.stderr, flush=True)
             self._closed = True
-            for kind, g in self._gates.items():
-                c = self._comms.get(kind)
-                if c is not None:
-                    _count_gate(g, weakref.ref(c))
+            for g in self._gates.values():  # its counts stay for the Communicator's stats (on_stats)
                 g.release()
             comms, self._comms = list(self._comms.values()), {}
             for c in comms:
@@ -596,9 +593,7 @@ class ProcessGroupPZ(dist.ProcessGroup):
     def native_gate(self) -> str:
         """How this group posts native ops, in words: through the native gate
         (gate.cpp, a C++ backend: torch's cost), or the Python thin path and why."""
-        if self._gates:
-            return native.reason()
-        if native.load() is None:
+        if self._gates or native.load() is None:
             return native.reason()
         return "Python thin path: the gate serves processes without a GPU for now"
 
@@ -661,7 +656,7 @@ class _Gated(ProcessGroupPZ):
                 raise RuntimeError("pz backend: this group is gone")
             return getattr(pg, "_py_" + name)(*args)
         gate = self._gates["cpu"] = native.load().Gate(self.me, self.world, "cpu")
-        gate.set_fallback(fallback, "all_gather")
+        gate.set_fallback(fallback)
         gate.set_base(self._inner["cpu"].pg._get_backend(torch.device("cpu")))
         self._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.CUSTOM, gate)
         self._running.gates = (gate,)

@@ -17,12 +17,7 @@ class Stats:
 
     def record(self, op: str, plan: str, t0: float, raw: int, wire: int, calls: int = 1) -> None:
         """calls more of op under plan, moving raw bytes as wire bytes, since t0 (perf_counter)."""
-        s = self._ops[op]
-        s["calls"] += calls
-        s["raw_bytes"] += int(raw)
-        s["wire_bytes"] += int(wire)
-        s["time_s"] += time.perf_counter() - t0
-        s["plans"][plan] += calls
+        self.add(op, plan, calls, raw, wire, time.perf_counter() - t0)
 
     def add(self, op: str, plan: str, calls: int, raw: int, wire: int, seconds: float) -> None:
         """calls of op already timed elsewhere (seconds in all)."""
